@@ -1,0 +1,36 @@
+"""Errors that the command-line tools report as one sentence, not a traceback.
+
+Library callers (hub interface, tests) get an ordinary exception; when one of these
+reaches the top of a fairseq CLI uncaught, the hook below prints
+``realformer_nmt: error: <message>`` and exits with status 1.
+"""
+
+import sys
+
+
+class RealFormerError(Exception):
+    """Base class for user-facing errors (bad flags, bad files, unsafe checkpoints)."""
+
+
+class ConfigError(RealFormerError, ValueError):
+    """A flag or configuration value that cannot build a correct model."""
+
+
+class UnsafeCheckpointError(RealFormerError):
+    """A checkpoint that holds objects fairseq checkpoints never contain."""
+
+
+_previous_hook = sys.excepthook
+
+
+def _one_line_excepthook(exc_type, exc, tb):
+    if issubclass(exc_type, RealFormerError):
+        print(f"realformer_nmt: error: {exc}", file=sys.stderr)
+        return
+    _previous_hook(exc_type, exc, tb)
+
+
+def install_excepthook():
+    """Make uncaught RealFormerErrors print one line (exit status stays 1)."""
+    if sys.excepthook is not _one_line_excepthook:
+        sys.excepthook = _one_line_excepthook

@@ -1,0 +1,1 @@
+from .realformer_transformer import RealFormerTransformerModel  # noqa: F401  (registers it)

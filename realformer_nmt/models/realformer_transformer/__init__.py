@@ -1,0 +1,5 @@
+from .decoder import RealFormerTransformerDecoder
+from .encoder import RealFormerTransformerEncoder
+from .model import RealFormerTransformerModel
+
+__all__ = ["RealFormerTransformerModel", "RealFormerTransformerEncoder", "RealFormerTransformerDecoder"]

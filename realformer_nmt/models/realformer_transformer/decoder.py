@@ -1,0 +1,131 @@
+"""Transformer decoder whose layer loop carries the decoder self-attention and the
+encoder-decoder (cross) attention paths."""
+
+from typing import Dict, List, Optional
+
+from torch import Tensor
+
+from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
+
+from ... import residual_config
+from ...errors import ConfigError
+from ...modules.realformer_layer import RealFormerDecoderLayer, wrap_layer
+
+
+class RealFormerTransformerDecoder(TransformerDecoderBase):
+    """fairseq's ``TransformerDecoderBase`` (embeddings, output projection, incremental
+    interface), with :class:`RealFormerDecoderLayer` layers and two score paths.
+
+    In cached decoding each step feeds one query row, so only that step's
+    ``[B, H, 1, S]`` score rows flow between layers; nothing extra is cached.
+    """
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        cfg = TransformerConfig.from_namespace(cfg)
+        if cfg.cross_self_attention:
+            raise ConfigError("--cross-self-attention is not supported by realformer_transformer")
+        if cfg.base_layers:
+            raise ConfigError("--base-layers is not supported by realformer_transformer")
+        # both read by build_decoder_layer during fairseq's __init__
+        self.residual = residual_config.resolve(cfg)
+        self._layers_built = 0
+        super().__init__(
+            cfg, dictionary, embed_tokens,
+            no_encoder_attn=no_encoder_attn, output_projection=output_projection,
+        )
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        self._layers_built += 1
+        layer = RealFormerDecoderLayer(
+            cfg,
+            no_encoder_attn=no_encoder_attn,
+            self_residual="decoder" in self.residual.paths,
+            cross_residual="cross" in self.residual.paths,
+            mode=self.residual.mode,
+            layer_number=self._layers_built,
+        )
+        return wrap_layer(layer, cfg)
+
+    def extract_features_scriptable(
+        self,
+        prev_output_tokens,
+        encoder_out: Optional[Dict[str, List[Tensor]]],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+    ):
+        """fairseq's decoder pass; the loop threads ``prev_self``/``prev_cross``."""
+        if alignment_layer is None:
+            alignment_layer = self.num_layers - 1
+
+        enc: Optional[Tensor] = None
+        padding_mask: Optional[Tensor] = None
+        if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
+            enc = encoder_out["encoder_out"][0]
+        if encoder_out is not None and len(encoder_out["encoder_padding_mask"]) > 0:
+            padding_mask = encoder_out["encoder_padding_mask"][0]
+
+        positions = None
+        if self.embed_positions is not None:
+            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+
+        # Padding over every self-attention key, cached steps included (taken before
+        # the tokens are cut to the current step).
+        self_attn_padding_mask: Optional[Tensor] = None
+        if prev_output_tokens.eq(self.padding_idx).any():
+            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
+
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            if positions is not None:
+                positions = positions[:, -1:]
+
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens.contiguous())
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if positions is not None:
+            x += positions
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x)
+        x = x.transpose(0, 1)  # B x T x C -> T x B x C
+
+        self_attn_mask: Optional[Tensor] = None
+        if incremental_state is None and not full_context_alignment:
+            self_attn_mask = self.buffered_future_mask(x)
+
+        attn: Optional[Tensor] = None
+        inner_states: List[Optional[Tensor]] = [x]
+        prev_self: Optional[Tensor] = None
+        prev_cross: Optional[Tensor] = None
+        for idx, layer in enumerate(self.layers):
+            x, layer_attn, _, prev_self, prev_cross = layer(
+                x,
+                enc,
+                padding_mask,
+                incremental_state,
+                self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask,
+                need_attn=bool(idx == alignment_layer),
+                need_head_weights=bool(idx == alignment_layer),
+                prev_self_scores=prev_self,
+                prev_cross_scores=prev_cross,
+            )
+            inner_states.append(x)
+            if layer_attn is not None and idx == alignment_layer:
+                attn = layer_attn.float().to(x)
+
+        if attn is not None:
+            if alignment_heads is not None:
+                attn = attn[:alignment_heads]
+            attn = attn.mean(dim=0)  # average probabilities over heads
+
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)  # T x B x C -> B x T x C
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [attn], "inner_states": inner_states}

@@ -1,0 +1,76 @@
+"""Transformer encoder whose layer loop carries the encoder self-attention path."""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from fairseq.models.transformer import TransformerConfig, TransformerEncoderBase
+
+from ... import residual_config
+from ...modules.realformer_layer import RealFormerEncoderLayer, wrap_layer
+
+
+class RealFormerTransformerEncoder(TransformerEncoderBase):
+    """fairseq's ``TransformerEncoderBase`` (embeddings, interfaces, output dict),
+    with :class:`RealFormerEncoderLayer` layers and scores threaded between them."""
+
+    def __init__(self, cfg, dictionary, embed_tokens):
+        cfg = TransformerConfig.from_namespace(cfg)
+        # both read by build_encoder_layer during fairseq's __init__
+        self.residual = residual_config.resolve(cfg)
+        self._layers_built = 0
+        super().__init__(cfg, dictionary, embed_tokens)
+
+    def build_encoder_layer(self, cfg):
+        self._layers_built += 1
+        layer = RealFormerEncoderLayer(
+            cfg,
+            residual="encoder" in self.residual.paths,
+            mode=self.residual.mode,
+            layer_number=self._layers_built,
+        )
+        return wrap_layer(layer, cfg)
+
+    def forward_scriptable(
+        self,
+        src_tokens,
+        src_lengths: Optional[Tensor] = None,
+        return_all_hiddens: bool = False,
+        token_embeddings: Optional[Tensor] = None,
+    ):
+        """fairseq's encoder pass; the loop threads ``prev_scores`` layer to layer."""
+        encoder_padding_mask = src_tokens.eq(self.padding_idx)
+        has_pads = encoder_padding_mask.any()
+
+        x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
+        # zero the embeddings of padding positions, as fairseq does
+        x = x * (1 - encoder_padding_mask.unsqueeze(-1).type_as(x) * has_pads.type_as(x))
+        x = x.transpose(0, 1)  # B x T x C -> T x B x C
+
+        encoder_states = [x] if return_all_hiddens else []
+        prev_scores: Optional[Tensor] = None
+        for layer in self.layers:
+            x, prev_scores = layer(
+                x,
+                encoder_padding_mask=encoder_padding_mask if has_pads else None,
+                prev_scores=prev_scores,
+            )
+            if return_all_hiddens:
+                encoder_states.append(x)
+
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+
+        src_lengths = (
+            src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
+        )
+        return {
+            "encoder_out": [x],  # T x B x C
+            "encoder_padding_mask": [encoder_padding_mask],  # B x T
+            "encoder_embedding": [encoder_embedding],  # B x T x C
+            "encoder_states": encoder_states,  # List[T x B x C]
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [src_lengths],
+        }

@@ -1,0 +1,85 @@
+"""The ``realformer_transformer`` model and its architectures.
+
+Thin registrations over fairseq's ``transformer``: same flags, dims and defaults,
+plus ``--residual-attention-paths`` and ``--residual-attention-mode``.
+"""
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerModel
+from fairseq.models.transformer.transformer_legacy import (
+    base_architecture,
+    transformer_iwslt_de_en,
+    transformer_wmt_en_de,
+    transformer_wmt_en_de_big,
+)
+
+from ... import residual_config
+from .decoder import RealFormerTransformerDecoder
+from .encoder import RealFormerTransformerEncoder
+
+
+@register_model("realformer_transformer")
+class RealFormerTransformerModel(TransformerModel):
+    """RealFormer encoder-decoder (He et al., 2021): Post-LN transformer whose
+    encoder self-attention, decoder self-attention and encoder-decoder attention
+    each pass raw pre-softmax scores on to the same module of the next layer.
+
+    With ``--residual-attention-paths none`` it computes exactly fairseq's
+    ``transformer``; parameter names are fairseq's, so checkpoints move both ways.
+    """
+
+    @classmethod
+    def hub_models(cls):
+        return {}
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        residual_config.add_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        realformer_base_architecture(args)  # args from old checkpoints or built by hand
+        residual_config.resolve(args)  # one clear error before anything is built
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return RealFormerTransformerEncoder(args, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return RealFormerTransformerDecoder(
+            args, tgt_dict, embed_tokens, no_encoder_attn=args.no_cross_attention
+        )
+
+
+def _residual_defaults(args):
+    if getattr(args, "residual_attention_paths", None) is None:
+        args.residual_attention_paths = residual_config.default_paths(args)
+    if getattr(args, "residual_attention_mode", None) is None:
+        args.residual_attention_mode = residual_config.DEFAULT_MODE
+
+
+@register_model_architecture("realformer_transformer", "realformer_transformer")
+def realformer_base_architecture(args):
+    base_architecture(args)
+    _residual_defaults(args)
+
+
+@register_model_architecture("realformer_transformer", "realformer_transformer_iwslt_de_en")
+def realformer_transformer_iwslt_de_en(args):
+    transformer_iwslt_de_en(args)
+    _residual_defaults(args)
+
+
+@register_model_architecture("realformer_transformer", "realformer_transformer_wmt_en_de")
+def realformer_transformer_wmt_en_de(args):
+    transformer_wmt_en_de(args)
+    _residual_defaults(args)
+
+
+@register_model_architecture("realformer_transformer", "realformer_transformer_wmt_en_de_big")
+def realformer_transformer_wmt_en_de_big(args):
+    transformer_wmt_en_de_big(args)
+    _residual_defaults(args)

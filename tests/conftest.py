@@ -1,0 +1,67 @@
+import argparse
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import realformer_nmt  # noqa: F401  (registers the model)
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+REPO = Path(__file__).resolve().parent.parent
+USER_DIR = str(REPO / "realformer_nmt")
+BIN = Path(sys.executable).parent  # the venv's fairseq-train etc.
+
+TINY = dict(
+    encoder_layers=3, decoder_layers=3,
+    encoder_embed_dim=16, decoder_embed_dim=16,
+    encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32,
+    encoder_attention_heads=4, decoder_attention_heads=4,
+    dropout=0.0, attention_dropout=0.0,
+)
+
+
+def make_dictionary(n=20):
+    d = Dictionary()
+    for i in range(n):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+def build(arch="realformer_transformer", dictionary=None, seed=0, **overrides):
+    """Build a model through fairseq's registries, as fairseq-train does."""
+    d = dictionary or make_dictionary()
+    task = types.SimpleNamespace(source_dictionary=d, target_dictionary=d)
+    args = argparse.Namespace(**{**TINY, **overrides})
+    ARCH_CONFIG_REGISTRY[arch](args)
+    torch.manual_seed(seed)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, task).eval()
+
+
+def batch(dictionary, bsz=3, src_len=7, tgt_len=6, seed=1, pad_rows=True):
+    """Random source/target tokens; left-padded sources as fairseq's translation task makes."""
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = dictionary.nspecial, len(dictionary)
+    src = torch.randint(lo, hi, (bsz, src_len), generator=g)
+    src[:, -1] = dictionary.eos()
+    if pad_rows:
+        src[0, :3] = dictionary.pad()
+        src[1, :1] = dictionary.pad()
+    tgt = torch.randint(lo, hi, (bsz, tgt_len), generator=g)
+    tgt[:, 0] = dictionary.eos()  # prev_output_tokens start with EOS
+    return src, src.ne(dictionary.pad()).sum(1), tgt
+
+
+def cli_env():
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    return env
+
+
+@pytest.fixture
+def dictionary():
+    return make_dictionary()

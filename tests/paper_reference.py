@@ -1,0 +1,105 @@
+"""RealFormer written out plainly from the paper, for tests.
+
+Independent of the code under test: it reads the model's weights (by fairseq's
+parameter names) and recomputes every layer with explicit tensor algebra,
+
+    A_n = Q_n K_n^T / sqrt(d_head) + A_{n-1};   P_n = softmax(mask(A_n / c_n));   out = P_n V_n W_o
+
+with the unmasked A_n handed to layer n+1, masks applied after the sum, and a
+Post-LN (or Pre-LN) residual block around every sub-layer.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def attention(p, x_q, x_kv, heads, prev, key_pad, causal, residual, mode, n):
+    """One attention sub-layer. x_*: [B, L, C]; returns (out [B, T, C], A_n or None)."""
+    B, T, C = x_q.shape
+    S = x_kv.shape[1]
+    d = C // heads
+    q = F.linear(x_q, p["q_proj.weight"], p["q_proj.bias"]).view(B, T, heads, d).transpose(1, 2)
+    k = F.linear(x_kv, p["k_proj.weight"], p["k_proj.bias"]).view(B, S, heads, d).transpose(1, 2)
+    v = F.linear(x_kv, p["v_proj.weight"], p["v_proj.bias"]).view(B, S, heads, d).transpose(1, 2)
+    A = q @ k.transpose(-1, -2) / math.sqrt(d)  # [B, H, T, S]
+    if residual and prev is not None:
+        A = A + prev
+    logits = A / n if (residual and mode == "mean") else A
+    if key_pad is not None:
+        logits = logits.masked_fill(key_pad[:, None, None, :], float("-inf"))
+    if causal:
+        future = torch.ones(T, S, dtype=torch.bool).triu(1)
+        logits = logits.masked_fill(future, float("-inf"))
+    P = torch.softmax(logits, dim=-1)
+    out = (P @ v).transpose(1, 2).reshape(B, T, C)
+    out = F.linear(out, p["out_proj.weight"], p["out_proj.bias"])
+    return out, (A if residual else None)
+
+
+def _ln(p, name, x):
+    return F.layer_norm(x, x.shape[-1:], p[name + ".weight"], p[name + ".bias"])
+
+
+def _sub(p, prefix):
+    return {k[len(prefix):]: v for k, v in p.items() if k.startswith(prefix)}
+
+
+def _block(p, ln_name, x, fn, pre_ln):
+    """Post-LN: LN(x + f(x)); Pre-LN: x + f(LN(x))."""
+    if pre_ln:
+        return x + fn(_ln(p, ln_name, x))
+    return _ln(p, ln_name, x + fn(x))
+
+
+def _ffn(p, x):
+    return F.linear(F.relu(F.linear(x, p["fc1.weight"], p["fc1.bias"])), p["fc2.weight"], p["fc2.bias"])
+
+
+def encoder(params, x, src_pad, layers, heads, paths, mode, pre_ln=False):
+    """x: embedded source [B, S, C] -> encoder states [B, S, C]."""
+    prev = None
+    for i in range(layers):
+        p = _sub(params, f"encoder.layers.{i}.")
+        res = "encoder" in paths
+
+        def self_attn(h, p=p, res=res, i=i):
+            nonlocal prev
+            out, A = attention(_sub(p, "self_attn."), h, h, heads, prev, src_pad, False, res, mode, i + 1)
+            prev = A
+            return out
+
+        x = _block(p, "self_attn_layer_norm", x, self_attn, pre_ln)
+        x = _block(p, "final_layer_norm", x, lambda h, p=p: _ffn(p, h), pre_ln)
+    if pre_ln:
+        x = _ln(params, "encoder.layer_norm", x)
+    return x
+
+
+def decoder(params, y, enc, src_pad, layers, heads, paths, mode, pre_ln=False):
+    """y: embedded target prefix [B, T, C] -> features [B, T, C] (before the output projection)."""
+    prev_self = prev_cross = None
+    for i in range(layers):
+        p = _sub(params, f"decoder.layers.{i}.")
+
+        def self_attn(h, p=p, i=i):
+            nonlocal prev_self
+            out, prev_self = attention(
+                _sub(p, "self_attn."), h, h, heads, prev_self, None, True, "decoder" in paths, mode, i + 1
+            )
+            return out
+
+        def cross_attn(h, p=p, i=i):
+            nonlocal prev_cross
+            out, prev_cross = attention(
+                _sub(p, "encoder_attn."), h, enc, heads, prev_cross, src_pad, False, "cross" in paths, mode, i + 1
+            )
+            return out
+
+        y = _block(p, "self_attn_layer_norm", y, self_attn, pre_ln)
+        y = _block(p, "encoder_attn_layer_norm", y, cross_attn, pre_ln)
+        y = _block(p, "final_layer_norm", y, lambda h, p=p: _ffn(p, h), pre_ln)
+    if pre_ln:
+        y = _ln(params, "decoder.layer_norm", y)
+    return y
