@@ -5,7 +5,8 @@ so checkpoints hold nothing but builtins; modules parse them with ``resolve``.
 """
 
 import argparse
-from typing import FrozenSet, NamedTuple
+import logging
+from typing import FrozenSet, NamedTuple, Optional
 
 from .errors import ConfigError
 from .modules.residual_attention import RESIDUAL_MODES
@@ -14,6 +15,8 @@ PATHS = ("encoder", "decoder", "cross")
 PATHS_FLAG = "--residual-attention-paths"
 MODE_FLAG = "--residual-attention-mode"
 DEFAULT_MODE = "sum"
+
+logger = logging.getLogger(__name__)
 
 
 class ResidualSettings(NamedTuple):
@@ -63,6 +66,59 @@ def resolve(cfg) -> ResidualSettings:
             f"{PATHS_FLAG} includes 'cross' but --no-cross-attention removes encoder-decoder attention"
         )
     return ResidualSettings(paths, mode)
+
+
+def in_checkpoint(state) -> Optional[ResidualSettings]:
+    """The settings a loaded checkpoint was trained with; vanilla ``transformer``
+    checkpoints count as paths ``none``. None when the checkpoint holds no model config."""
+    cfg = state.get("cfg")
+    model_cfg = cfg.get("model") if cfg is not None else None
+    if model_cfg is None:
+        model_cfg = state.get("args")
+    if model_cfg is None:
+        return None
+    if getattr(model_cfg, "residual_attention_paths", None) is None:
+        return ResidualSettings(frozenset(), DEFAULT_MODE)
+    return resolve(model_cfg)
+
+
+def warn_if_changed(source: Optional[ResidualSettings], target: ResidualSettings, what="checkpoint"):
+    """Log what changes when weights trained under ``source`` run under ``target``."""
+    if source is None or source == target:
+        return
+    changes = []
+    if source.paths != target.paths:
+        changes.append(f"residual paths {format_paths(source.paths)} -> {format_paths(target.paths)}")
+    if source.mode != target.mode and (source.paths or target.paths):
+        changes.append(f"mode {source.mode} -> {target.mode}")
+    if changes:
+        logger.warning(
+            "%s was trained with different residual attention settings: %s; the loaded "
+            "weights now compute a different function (fine for warm-starting, wrong for "
+            "evaluating)", what, "; ".join(changes),
+        )
+
+
+CHECKPOINT_TAG = "realformer_trained_with"
+
+
+def tag_checkpoint(state, path):
+    """Note on ``state["model"]`` what the checkpoint was trained with, so the model
+    it is loaded into can say what changed (see ``load_state_dict``). Plain strings
+    only: the state may be re-pickled (broadcast to other ranks, weights-only)."""
+    model_state = state.get("model")
+    settings = in_checkpoint(state)
+    if settings is not None and hasattr(model_state, "__dict__"):
+        setattr(model_state, CHECKPOINT_TAG, (format_paths(settings.paths), settings.mode, str(path)))
+
+
+def tagged_settings(state_dict):
+    """``(ResidualSettings, checkpoint path)`` noted by ``tag_checkpoint``, or None."""
+    tag = getattr(state_dict, CHECKPOINT_TAG, None)
+    if tag is None:
+        return None
+    paths, mode, path = tag
+    return ResidualSettings(parse_paths(paths), mode), path
 
 
 def default_paths(args) -> str:

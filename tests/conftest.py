@@ -65,3 +65,27 @@ def cli_env():
 @pytest.fixture
 def dictionary():
     return make_dictionary()
+
+
+@pytest.fixture(scope="session")
+def data_bin(tmp_path_factory):
+    """The tiny reversal corpus, binarized by fairseq-preprocess."""
+    from cli_helpers import binarize, write_reversal_corpus
+
+    raw = tmp_path_factory.mktemp("raw")
+    write_reversal_corpus(raw)
+    return binarize(raw, tmp_path_factory.mktemp("bin"))
+
+
+@pytest.fixture(scope="session")
+def trained(data_bin, tmp_path_factory):
+    """(save_dir, process) of a 30-update fairseq-train run of realformer_transformer."""
+    from cli_helpers import TINY_FLAGS, run
+
+    save = tmp_path_factory.mktemp("ckpt")
+    proc = run(
+        "fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
+        "--residual-attention-paths", "encoder,decoder,cross", "--residual-attention-mode", "mean",
+        "--max-update", 30, "--save-dir", save, *TINY_FLAGS,
+    )
+    return save, proc

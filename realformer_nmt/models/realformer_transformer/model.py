@@ -43,6 +43,13 @@ class RealFormerTransformerModel(TransformerModel):
         residual_config.resolve(args)  # one clear error before anything is built
         return super().build_model(args, task)
 
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        tag = residual_config.tagged_settings(state_dict)
+        if tag is not None:
+            trained_with, path = tag
+            residual_config.warn_if_changed(trained_with, self.encoder.residual, what=path)
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         return RealFormerTransformerEncoder(args, src_dict, embed_tokens)

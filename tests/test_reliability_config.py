@@ -1,0 +1,72 @@
+"""Bad configuration gets one clear line naming the flag or file, exit non-zero, no
+traceback, and nothing written; changed residual settings on load get a warning."""
+
+import pytest
+
+from cli_helpers import TINY_FLAGS, run
+from conftest import USER_DIR
+
+
+def assert_one_line_error(proc, *words):
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    error_lines = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert error_lines, proc.stderr[-2000:]
+    for word in words:
+        assert word in error_lines[-1], error_lines[-1]
+
+
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (["--residual-attention-paths", "encoder,foo"], ["--residual-attention-paths", "'foo'"]),
+        (["--residual-attention-paths", ""], ["--residual-attention-paths", "empty"]),
+        (["--residual-attention-mode", "max"], ["--residual-attention-mode", "'max'"]),
+        (["--residual-attention-paths", "cross", "--no-cross-attention"], ["cross", "--no-cross-attention"]),
+        (["--cross-self-attention"], ["--cross-self-attention"]),
+    ],
+    ids=["unknown-path", "empty-paths", "unknown-mode", "cross-without-cross-attention", "cross-self-attention"],
+)
+def test_bad_flags_fail_with_one_clear_line(data_bin, tmp_path, flags, expected):
+    proc = run(
+        "fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
+        "--max-update", 1, "--save-dir", tmp_path, *TINY_FLAGS, *flags, check=False,
+    )
+    assert_one_line_error(proc, *expected)
+    assert not list(tmp_path.glob("*.pt"))
+
+
+@pytest.mark.parametrize("tool", ["fairseq-train", "fairseq-generate"])
+@pytest.mark.parametrize("case", ["missing-dir", "no-dictionaries"])
+def test_unusable_data_dir_is_one_clear_line(tmp_path, trained, tool, case):
+    data = tmp_path / "data"
+    if case == "no-dictionaries":
+        data.mkdir()
+        (data / "train.src-tgt.src.bin").write_bytes(b"")
+    extra = (["--max-update", 1, "--save-dir", tmp_path / "ckpt", *TINY_FLAGS]
+             if tool == "fairseq-train" else ["--path", trained[0] / "checkpoint_last.pt", "--cpu"])
+    proc = run(tool, data, "--user-dir", USER_DIR, "--arch", "realformer_transformer", *extra, check=False) \
+        if tool == "fairseq-train" else run(tool, data, "--user-dir", USER_DIR, *extra, check=False)
+    assert_one_line_error(proc, str(data))
+    assert ("does not exist" if case == "missing-dir" else "dict.") in proc.stderr
+
+
+def test_changed_residual_settings_on_load_are_named(data_bin, trained, tmp_path):
+    """Warm-starting from a checkpoint trained with other settings works, with a
+    warning that says exactly what changed."""
+    save, _ = trained  # trained with encoder,decoder,cross and mean
+    proc = run(
+        "fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
+        "--residual-attention-paths", "encoder", "--residual-attention-mode", "sum",
+        "--finetune-from-model", save / "checkpoint_last.pt", "--max-update", 32,
+        "--save-dir", tmp_path, *TINY_FLAGS,
+    )
+    log = proc.stdout + proc.stderr
+    assert "residual paths encoder,decoder,cross -> encoder" in log
+    assert "mode mean -> sum" in log
+    same = run(
+        "fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
+        "--residual-attention-mode", "mean", "--finetune-from-model", save / "checkpoint_last.pt",
+        "--max-update", 32, "--save-dir", tmp_path / "same", *TINY_FLAGS,
+    )
+    assert "different residual attention settings" not in same.stdout + same.stderr
