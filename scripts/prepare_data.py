@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""Prepare an En->De corpus for fairseq: raw text -> joint SentencePiece -> binaries.
+
+  python scripts/prepare_data.py                                  # synthetic demo corpus
+  python scripts/prepare_data.py --corpus multi30k --raw-dir ../shared/data/multi30k
+  python scripts/prepare_data.py --corpus multi30k --download     # from github.com/multi30k
+
+--dest gets dict.{en,de}.txt, {train,valid,test}.en-de.{en,de}.{bin,idx}, spm.model and
+prepare.json (raw and SentencePiece files go to --dest/work). Generate with
+``--remove-bpe sentencepiece`` to score detokenized output.
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+DEFAULT_DEST = {"synthetic": os.path.join("data-bin", "demo_en_de"),
+                "multi30k": os.path.join("data-bin", "multi30k_en_de")}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", choices=sorted(DEFAULT_DEST), default="synthetic",
+                   help="which corpus (default: %(default)s)")
+    p.add_argument("--raw-dir", help="multi30k: directory with {train,val,test_2016_flickr}.{en,de}[.gz]")
+    p.add_argument("--download", action="store_true", help="multi30k: fetch the raw files from GitHub")
+    p.add_argument("--dest", help="output directory (default: data-bin/demo_en_de or data-bin/multi30k_en_de)")
+    p.add_argument("--work-dir", help="raw and SentencePiece files (default: DEST/work)")
+    p.add_argument("--vocab-size", type=int,
+                   help="joint SentencePiece vocabulary (default: 1000 synthetic, 8000 multi30k)")
+    p.add_argument("--model-type", choices=["bpe", "unigram"], default="bpe",
+                   help="SentencePiece model type (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=1, help="synthetic: generator seed (default: %(default)s)")
+    p.add_argument("--n-train", type=int, default=20000, help="synthetic: training pairs (default: %(default)s)")
+    p.add_argument("--json", help="also write the summary to this file (it is always printed)")
+    args = p.parse_args(argv)
+    args.dest = args.dest or DEFAULT_DEST[args.corpus]
+    return args
+
+
+def check_args(args):
+    """One sentence about the first inconsistent flag, or None."""
+    if args.corpus == "synthetic" and (args.raw_dir or args.download):
+        return "--raw-dir and --download only apply to --corpus multi30k"
+    if args.raw_dir and args.download:
+        return "use either --raw-dir or --download, not both"
+    if args.corpus == "multi30k" and not (args.raw_dir or args.download):
+        return "--corpus multi30k needs --raw-dir DIR (a local copy) or --download"
+    if args.raw_dir and not os.path.isdir(args.raw_dir):
+        return f"--raw-dir {args.raw_dir} is not a directory"
+    if args.n_train < 1:
+        return "--n-train must be positive"
+    return None
+
+
+def fail(message):
+    print(f"prepare_data.py: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    problem = check_args(args)  # before the slow import of fairseq
+    if problem:
+        return fail(problem)
+    logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
+    from realformer_nmt import corpora
+
+    sizes = {"n_train": args.n_train} if args.n_train != 20000 else None
+    try:
+        summary = corpora.prepare(args.corpus, args.dest, raw_dir=args.raw_dir, download=args.download,
+                                  vocab_size=args.vocab_size, work_dir=args.work_dir, seed=args.seed,
+                                  synthetic_sizes=sizes, model_type=args.model_type)
+    except corpora.DataError as exc:
+        return fail(exc)
+    text = json.dumps(summary, indent=2, ensure_ascii=False)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""Corpus building and preparation: synthetic grammar, Multi30k loader, prepare pipeline."""
+
+import gzip
+import os
+import subprocess
+import sys
+
+import pytest
+
+from realformer_nmt import corpora
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MULTI30K_DIR = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "multi30k"))
+
+
+def _lines(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def _corpus(out_dir, seed, **sizes):
+    sizes = dict(dict(n_train=400, n_valid=50, n_test=50), **sizes)
+    counts = corpora.make_synthetic_en_de(str(out_dir), seed=seed, **sizes)
+    return counts, {f"{s}.{l}": _lines(os.path.join(out_dir, f"{s}.{l}"))
+                    for s in corpora.SPLITS for l in corpora.LANGS}
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    return _corpus(tmp_path_factory.mktemp("syn"), seed=1)
+
+
+def test_synthetic_is_deterministic_per_seed(synthetic, tmp_path):
+    _, again = _corpus(tmp_path / "again", seed=1)
+    _, other = _corpus(tmp_path / "other", seed=2)
+    assert again == synthetic[1]
+    assert other["train.en"] != synthetic[1]["train.en"]
+
+
+def test_synthetic_golden_first_pairs(synthetic):
+    """Pins the generator: any change to the grammar or its random draws shows up here."""
+    files = synthetic[1]
+    assert list(zip(files["train.en"][:3], files["train.de"][:3])) == [
+        ("Does she look for the apple?", "Sucht sie den Apfel?"),
+        ("The fathers see my fast woman.", "Die Väter sehen meine schnelle Frau."),
+        ("Yesterday the mother painted your newspaper.", "Gestern hat die Mutter deine Zeitung gemalt."),
+    ]
+
+
+def test_german_inflection_helpers():
+    assert corpora._join_ending("müde", "e") == "müde" and corpora._join_ending("müde", "en") == "müden"
+    assert corpora._join_ending("groß", "er") == "großer" and corpora._join_ending("ein", "-") == "ein"
+    assert [corpora._dative_plural(w) for w in ("Hunde", "Frauen", "Autos", "Kinder")] == [
+        "Hunden", "Frauen", "Autos", "Kindern"]
+    assert corpora._english_article("old") == "an" and corpora._english_article("young") == "a"
+
+
+def test_synthetic_counts_align_and_splits_are_disjoint(synthetic):
+    counts, files = synthetic
+    assert counts == {"train": 400, "valid": 50, "test": 50}
+    for split, n in counts.items():
+        assert len(files[f"{split}.en"]) == len(files[f"{split}.de"]) == n
+    train, test = set(files["train.en"]), set(files["test.en"])
+    assert len(train) == 400 and not train & test and not set(files["valid.en"]) & (train | test)
+
+
+def test_synthetic_sentences_are_cased_and_punctuated(synthetic):
+    for line in synthetic[1]["train.en"] + synthetic[1]["train.de"]:
+        assert line[0].isupper() and line[-1] in ".?" and "  " not in line
+
+
+FINITE = {w for v in corpora.VERBS + corpora.SAY_VERBS for w in v["de"]} | {
+    w for forms in corpora._AUX.values() for w in forms}
+
+
+def _pairs(n, seed=0):
+    import random
+
+    rng = random.Random(seed)
+    return [corpora.synthetic_pair(rng) for _ in range(n)]
+
+
+def test_synthetic_german_verb_final_clauses():
+    pairs = _pairs(3000)
+    for conj in ("weil", "dass", "obwohl"):
+        clauses = [de.split(f", {conj} ")[1] for _, de in pairs if f", {conj} " in de]
+        assert len(clauses) > 50, conj
+        for clause in clauses:  # "..., weil der Mann den Hund sieht." / "... gesehen hat."
+            assert clause.rstrip(".?").split()[-1] in FINITE, clause
+    # subordinate clause first: the main clause starts with its finite verb (V1 after the comma)
+    fronted = [de for _, de in pairs if de.startswith("Weil ")]
+    assert fronted and all(de.split(", ")[1].split()[0] in FINITE for de in fronted)
+
+
+def test_synthetic_agreement_and_vocabulary():
+    pairs = _pairs(3000)
+    de_words = {w.strip(".,?") for _, de in pairs for w in de.split()}
+    en_words = {w.strip(".,?") for en, _ in pairs for w in en.split()}
+    for form in ("der", "die", "das", "den", "dem", "im", "einen", "einem", "zwei", "zwölf",
+                 "hat", "ist", "großer", "großen", "großes", "Kindern", "Männer", "sieht", "siehst"):
+        assert form in de_words, form
+    content = {w.lower() for w in en_words} - {"the", "a", "an", "my", "your", "i", "you", "he", "she",
+                                                "we", "they", "me", "him", "her", "us", "them"}
+    assert 100 <= len(content) <= 250, len(content)
+    assert any(de.startswith(("Ein großer ", "Ein kleiner ", "Ein alter ")) for _, de in pairs)
+    questions = [de for en, de in pairs if en.endswith("?")]
+    assert questions and all(de.endswith("?") and de.split()[0].lower() in FINITE for de in questions)
+
+
+def _write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _write_gz(path, text):
+    with gzip.open(path, "wb") as f:
+        f.write(text.encode("utf-8"))
+
+
+@pytest.mark.skipif(not os.path.isdir(MULTI30K_DIR), reason=f"no local Multi30k copy at {MULTI30K_DIR}")
+def test_multi30k_from_local_gz(tmp_path):
+    report = corpora.load_multi30k(str(tmp_path), raw_dir=MULTI30K_DIR)
+    expected = {"train": 29000, "valid": 1014, "test": 1000}
+    for split, n in expected.items():
+        assert report[split]["kept"] == n
+        assert len(_lines(tmp_path / f"{split}.en")) == len(_lines(tmp_path / f"{split}.de")) == n
+    assert _lines(tmp_path / "train.de")[0].startswith("Zwei junge weiße Männer")
+
+
+def _fake_multi30k(raw_dir, de_train="Ein Hund.\nZwei Katzen.\n"):
+    os.makedirs(raw_dir, exist_ok=True)
+    for name in ("train", "val", "test_2016_flickr"):
+        _write_gz(os.path.join(raw_dir, f"{name}.en.gz"), "A dog.\nTwo cats.\n")
+        _write_gz(os.path.join(raw_dir, f"{name}.de.gz"), de_train if name == "train" else "Ein Hund.\nZwei Katzen.\n")
+
+
+def test_multi30k_misaligned_names_the_file(tmp_path):
+    _fake_multi30k(tmp_path / "raw", de_train="Ein Hund.\nZwei Katzen.\nDrei.\n")
+    with pytest.raises(corpora.DataError, match=r"train\.de\.gz has 3 lines but .*train\.en\.gz has 2"):
+        corpora.load_multi30k(str(tmp_path / "out"), raw_dir=str(tmp_path / "raw"))
+
+
+def test_multi30k_missing_file_names_file_and_flag(tmp_path):
+    _fake_multi30k(tmp_path / "raw")
+    os.remove(tmp_path / "raw" / "val.de.gz")
+    with pytest.raises(corpora.DataError, match=r"val\.de.*--raw-dir"):
+        corpora.load_multi30k(str(tmp_path / "out"), raw_dir=str(tmp_path / "raw"))
+
+
+def test_multi30k_plain_files_bad_utf8_and_empty_lines(tmp_path, capsys):
+    raw = tmp_path / "raw"
+    _fake_multi30k(raw)
+    for lang in ("en", "de"):
+        os.remove(raw / f"train.{lang}.gz")
+    _write(raw / "train.en", b"A dog.\n\nCaf\xe9 time.\r\nTwo\tcats.\n")
+    _write(raw / "train.de", "Ein Hund.\nLeer.\nKaffeezeit.\nZwei Katzen.\n".encode("utf-8"))
+    report = corpora.load_multi30k(str(tmp_path / "out"), raw_dir=str(raw))["train"]
+    assert report["lines"] == 4 and report["kept"] == 3 and report["dropped_empty"] == 1
+    assert report["non_utf8_lines"][str(raw / "train.en")] == 1
+    assert _lines(tmp_path / "out" / "train.en") == ["A dog.", "Caf\ufffd time.", "Two cats."]
+    assert _lines(tmp_path / "out" / "train.de") == ["Ein Hund.", "Kaffeezeit.", "Zwei Katzen."]
+    err = capsys.readouterr().err
+    assert "1 lines had invalid UTF-8" in err and "dropped 1 pairs" in err
+
+
+def test_multi30k_needs_a_source(tmp_path):
+    with pytest.raises(corpora.DataError, match="--raw-dir"):
+        corpora.load_multi30k(str(tmp_path))
+    with pytest.raises(corpora.DataError, match="--raw-dir /nonexistent"):
+        corpora.load_multi30k(str(tmp_path), raw_dir="/nonexistent")
+
+
+def test_prepare_small_synthetic(tmp_path):
+    dest = tmp_path / "bin"
+    summary = corpora.prepare("synthetic", str(dest), vocab_size=200, seed=3,
+                              synthetic_sizes=dict(n_train=300, n_valid=30, n_test=30))
+    for name in ("dict.en.txt", "dict.de.txt", "train.en-de.en.bin", "train.en-de.de.idx",
+                 "test.en-de.de.bin", "spm.model", "prepare.json"):
+        assert (dest / name).is_file(), name
+    assert summary["counts"] == {"train": 300, "valid": 30, "test": 30}
+    assert summary["settings"] == corpora.prepare_settings(
+        "synthetic", 200, 3, dict(n_train=300, n_valid=30, n_test=30))
+    assert corpora.prepared_settings(str(dest)) == summary["settings"]
+    assert 50 < summary["dictionary_size"] <= 200 + 4
+    pieces = _lines(tmp_path / "bin" / "work" / "spm" / "train.spm.de")
+    assert len(pieces) == 300 and all("\u2581" in p for p in pieces)
+
+
+def _run_script(*args):
+    return subprocess.run([sys.executable, os.path.join(REPO, "scripts", "prepare_data.py"), *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+def test_prepare_data_cli_bad_raw_dir_is_one_line(tmp_path):
+    proc = _run_script("--corpus", "multi30k", "--raw-dir", "/nonexistent", "--dest", str(tmp_path / "dest"))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--raw-dir" in lines[0] and "/nonexistent" in lines[0], proc.stderr
+    assert not (tmp_path / "dest").exists()
+
+
+def test_prepare_data_cli_help():
+    proc = _run_script("--help")
+    assert proc.returncode == 0 and "--raw-dir" in proc.stdout and "--corpus" in proc.stdout
+
+
+def test_multi30k_download_uses_official_urls_and_reports_failure(tmp_path, monkeypatch):
+    import io
+    import urllib.error
+
+    requested = []
+
+    def fake_urlopen(url, timeout=None):
+        requested.append(url)
+        if "test_2016_flickr.de" in url:
+            raise urllib.error.URLError("no network")
+        text = "Ein Hund.\n" if url.endswith(".de.gz") else "A dog.\n"
+        return io.BytesIO(gzip.compress(text.encode("utf-8")))
+
+    monkeypatch.setattr(corpora.urllib.request, "urlopen", fake_urlopen)
+    with pytest.raises(corpora.DataError, match=r"could not download https://raw\.githubusercontent\.com/"
+                                                r"multi30k/dataset/master/data/task1/raw/test_2016_flickr\.de\.gz"):
+        corpora.load_multi30k(str(tmp_path), download=True)
+    assert requested[0] == corpora.MULTI30K_URL.format(name="train", lang="en")
+    assert _lines(tmp_path / "train.de") == ["Ein Hund."] and _lines(tmp_path / "valid.en") == ["A dog."]
