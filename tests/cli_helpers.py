@@ -39,9 +39,9 @@ def write_reversal_corpus(raw):
 
 
 def binarize(raw, dest):
-    run(
+    """fairseq-preprocess train/valid/test ``.src``/``.tgt`` into ``dest``; returns the process."""
+    return run(
         "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
         "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
         "--destdir", dest, "--workers", "1", "--joined-dictionary",
     )
-    return dest

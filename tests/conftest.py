@@ -58,6 +58,8 @@ def batch(dictionary, bsz=3, src_len=7, tgt_len=6, seed=1, pad_rows=True):
 def cli_env():
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
+    # tiny models: one intra-op thread is faster and keeps parallel runs off each other's cores
+    env.setdefault("OMP_NUM_THREADS", "1")
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
     return env
 
@@ -74,7 +76,9 @@ def data_bin(tmp_path_factory):
 
     raw = tmp_path_factory.mktemp("raw")
     write_reversal_corpus(raw)
-    return binarize(raw, tmp_path_factory.mktemp("bin"))
+    dest = tmp_path_factory.mktemp("bin")
+    binarize(raw, dest)
+    return dest
 
 
 @pytest.fixture(scope="session")

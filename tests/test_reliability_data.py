@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from conftest import BIN, USER_DIR, cli_env
-from cli_helpers import TINY_FLAGS, run, write_reversal_corpus
+from cli_helpers import TINY_FLAGS, binarize, run, write_reversal_corpus
 
 from fairseq.data import Dictionary, data_utils
 
@@ -43,14 +43,6 @@ EMPTY = [("train", 0, "src"), ("train", 1, "tgt"), ("train", 2, "src"), ("train"
          ("valid", 1, "src"), ("test", 1, "src")]
 BLANK = [("train", 3, "src")]
 N_LINES = {"train": 400, "valid": 40, "test": 40}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread is faster and avoids oversubscribing the CPU."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OMP_NUM_THREADS", "1")  # cli_env() copies os.environ
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +68,7 @@ def raw(tmp_path_factory):
 @pytest.fixture(scope="module")
 def preprocessed(raw, tmp_path_factory):
     dest = tmp_path_factory.mktemp("bin")
-    proc = run(
-        "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
-        "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
-        "--destdir", dest, "--workers", "1", "--joined-dictionary",
-    )
+    proc = binarize(raw, dest)
     return dest, proc.stdout + proc.stderr
 
 

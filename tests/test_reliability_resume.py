@@ -52,7 +52,7 @@ import pytest
 import torch
 
 from conftest import BIN, USER_DIR, cli_env
-from cli_helpers import TINY_FLAGS, run, write_reversal_corpus
+from cli_helpers import TINY_FLAGS
 
 from fairseq import file_io
 from fairseq.file_io import PathManager
@@ -71,27 +71,6 @@ RESUME_FLAGS = [
 # allows for a platform whose kernels are not run-to-run reproducible.
 RESUME_TOLERANCE = 1e-6
 LOADED = re.compile(r"Loaded checkpoint (\S+) \(epoch (\d+) @ (\d+) updates\)")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread is faster and avoids oversubscribing the CPU."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OMP_NUM_THREADS", "1")  # cli_env() copies os.environ
-        yield
-
-
-@pytest.fixture(scope="module")
-def data_bin(tmp_path_factory):
-    raw = tmp_path_factory.mktemp("raw")
-    write_reversal_corpus(raw)
-    dest = tmp_path_factory.mktemp("bin")
-    run(
-        "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
-        "--trainpref", raw / "train", "--validpref", raw / "valid",
-        "--destdir", dest, "--workers", "1", "--joined-dictionary",
-    )
-    return dest
 
 
 def train_cmd(data_bin, save_dir, *extra):

@@ -31,6 +31,20 @@ def wrap_layer(layer, cfg):
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
+def build_attention(layer, embed_dim, cfg, heads, xformers_att_config, residual_args, **kwargs):
+    """A ResidualMultiheadAttention with fairseq's dropout and quant-noise settings."""
+    return ResidualMultiheadAttention(
+        embed_dim,
+        heads,
+        dropout=cfg.attention_dropout,
+        q_noise=layer.quant_noise,
+        qn_block_size=layer.quant_noise_block_size,
+        xformers_att_config=xformers_att_config,
+        **residual_args,
+        **kwargs,
+    )
+
+
 def feed_forward(layer, x: Tensor) -> Tensor:
     """The position-wise FFN sub-block with its residual and layer norm (fairseq's)."""
     residual = x
@@ -59,15 +73,9 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
         super().__init__(cfg)
 
     def build_self_attention(self, embed_dim, cfg):
-        return ResidualMultiheadAttention(
-            embed_dim,
-            cfg.encoder.attention_heads,
-            dropout=cfg.attention_dropout,
-            self_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-            xformers_att_config=cfg.encoder.xformers_att_config,
-            **self._residual_args,
+        return build_attention(
+            self, embed_dim, cfg, cfg.encoder.attention_heads, cfg.encoder.xformers_att_config,
+            self._residual_args, self_attention=True,
         )
 
     def forward(
@@ -121,31 +129,17 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        return ResidualMultiheadAttention(
-            embed_dim,
-            cfg.decoder.attention_heads,
-            dropout=cfg.attention_dropout,
-            add_bias_kv=add_bias_kv,
-            add_zero_attn=add_zero_attn,
-            self_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-            xformers_att_config=cfg.decoder.xformers_att_config,
-            **self._self_residual_args,
+        return build_attention(
+            self, embed_dim, cfg, cfg.decoder.attention_heads, cfg.decoder.xformers_att_config,
+            self._self_residual_args, self_attention=True,
+            add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn,
         )
 
     def build_encoder_attention(self, embed_dim, cfg):
-        return ResidualMultiheadAttention(
-            embed_dim,
-            cfg.decoder.attention_heads,
-            kdim=cfg.encoder.embed_dim,
-            vdim=cfg.encoder.embed_dim,
-            dropout=cfg.attention_dropout,
-            encoder_decoder_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-            xformers_att_config=cfg.encoder.xformers_att_config,
-            **self._cross_residual_args,
+        return build_attention(
+            self, embed_dim, cfg, cfg.decoder.attention_heads, cfg.encoder.xformers_att_config,
+            self._cross_residual_args, encoder_decoder_attention=True,
+            kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
         )
 
     def forward(
