@@ -137,7 +137,8 @@ class ResidualMultiheadAttention(MultiheadAttention):
                     f"prev_scores has shape {tuple(prev_scores.shape)}, expected {tuple(scores.shape)} "
                     "(batch x heads x tgt_len x src_len of this layer)"
                 )
-            scores = scores + prev_scores
+            # in place: these fresh logits are not needed by autograd (bmm keeps q and k)
+            scores = scores.add_(prev_scores)
         probs = self._masked_softmax(scores, key_padding_mask, attn_mask)
         output = self._attend(probs.type_as(v), v, tgt_len, bsz)
 
@@ -151,14 +152,18 @@ class ResidualMultiheadAttention(MultiheadAttention):
     def _masked_softmax(self, scores: Tensor, key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor]) -> Tensor:
         """softmax(mask(A_n / c_n)) in float32. Padded keys get the most negative
         finite value, so a row with every key padded is uniform, not NaN."""
+        # ``scores`` is passed on unmasked: the first op makes a copy, later ones work in it
+        logits = scores
         if self.mode == "mean" and self.layer_number > 1:
-            scores = scores / self.layer_number
+            logits = logits / self.layer_number
         if attn_mask is not None:
-            scores = scores + attn_mask.to(scores.dtype)
+            mask = attn_mask.to(logits.dtype)
+            logits = logits + mask if logits is scores else logits.add_(mask)
         if key_padding_mask is not None:
             pad = key_padding_mask.to(torch.bool)[:, None, None, :]
-            scores = scores.masked_fill(pad, torch.finfo(scores.dtype).min)
-        return utils.softmax(scores, dim=-1, onnx_trace=self.onnx_trace)
+            fill = logits.masked_fill if logits is scores else logits.masked_fill_
+            logits = fill(pad, torch.finfo(logits.dtype).min)
+        return utils.softmax(logits, dim=-1, onnx_trace=self.onnx_trace)
 
     def _attend(self, probs: Tensor, v: Tensor, tgt_len: int, bsz: int) -> Tensor:
         """Dropout, ``P V`` and the output projection; ``probs`` is ``[B, H, T, S]``."""
