@@ -14,7 +14,8 @@ realformer_nmt`` do) fixes that the safe way:
 * ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` (through which the trainer,
   ``--restore-file``, ``--finetune-from-model``, ``fairseq-generate``,
   ``fairseq-interactive`` and the hub interface all load checkpoints) is wrapped so that
-  the load always runs weights-only, even under ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``;
+  the load always runs weights-only (an environment that asks torch for unrestricted
+  unpickling makes the load fail instead);
   config strings that fairseq would ``eval()`` are checked for code; and a refused or
   unreadable file becomes one clear sentence (``UnsafeCheckpointError`` or
   ``CheckpointFileError``) instead of torch's long message.
@@ -512,31 +513,31 @@ def _refuse_code_in_config(path, state):
 # The wrapper around fairseq.checkpoint_utils.load_checkpoint_to_cpu
 # --------------------------------------------------------------------------------------
 
-_FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
-_FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+_FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 
 
 @contextlib.contextmanager
 def _weights_only_forced():
     """Make fairseq's plain ``torch.load(f, map_location=...)`` weights-only.
 
-    That is torch's default since 2.6, but the environment can override it; for the
-    duration of the load we set TORCH_FORCE_WEIGHTS_ONLY_LOAD and hide
-    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD, then restore both.
+    That is torch's default since 2.6, but the environment can ask torch for full
+    unpickling; forcing weights-only here makes torch refuse such a request outright
+    (the wrapper reports it) instead of unpickling a checkpoint without restrictions.
     """
-    saved = {k: os.environ.get(k) for k in (_FORCE_NO_WO, _FORCE_WO)}
-    if saved[_FORCE_NO_WO] is not None:
-        logger.warning("ignoring %s while loading a fairseq checkpoint", _FORCE_NO_WO)
-    os.environ.pop(_FORCE_NO_WO, None)
-    os.environ[_FORCE_WO] = "1"
+    saved = os.environ.get(_FORCE_WEIGHTS_ONLY)
+    os.environ[_FORCE_WEIGHTS_ONLY] = "1"
     try:
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        if saved is None:
+            os.environ.pop(_FORCE_WEIGHTS_ONLY, None)
+        else:
+            os.environ[_FORCE_WEIGHTS_ONLY] = saved
+
+
+def _unrestricted_load_requested(exc):
+    """torch's refusal when the environment both forces and forbids weights-only loading."""
+    return isinstance(exc, RuntimeError) and "WEIGHTS_ONLY_LOAD" in str(exc)
 
 
 def _local_path(path):
@@ -578,6 +579,11 @@ def _make_safe_loader(original):
                 AttributeError, IndexError, zipfile.BadZipFile) as exc:
             # e.g. a truncated zip (OSError), an empty file (EOFError), text (KeyError),
             # or a malformed pickle that the unpickler trips over (TypeError, ...)
+            if _unrestricted_load_requested(exc):
+                raise UnsafeCheckpointError(
+                    f"refused to load checkpoint {path}: the environment asks torch to "
+                    f"unpickle checkpoints without weights-only restrictions ({exc})"
+                ) from exc
             if _raised_inside_torch_load(exc):
                 raise _file_error(path, exc) from exc
             raise

@@ -200,7 +200,9 @@ def cli(work, data_bin, trained, booby, truncated):
                          cwd=work),
         "generate-booby": _generate(data_bin, booby, cwd=work),
         # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD would turn fairseq's torch.load into a full
-        # unpickle; the wrapper must keep it weights-only anyway
+        # unpickle; the wrapper must refuse instead
+        "restore-booby-plain": _train(data_bin, work / "restore-plain", "--restore-file", booby,
+                                      "--max-update", "1", cwd=work),
         "restore-booby": _train(data_bin, work / "restore", "--restore-file", booby,
                                 "--max-update", "1", cwd=work,
                                 env_extra={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}),
@@ -315,8 +317,12 @@ def test_fairseq_generate_refuses_payload(cli, booby):
     _assert_refused_cli(cli["generate-booby"], booby, SYSTEM)
 
 
+def test_fairseq_train_restore_file_refuses_payload(cli, booby):
+    _assert_refused_cli(cli["restore-booby-plain"], booby, SYSTEM)
+
+
 def test_fairseq_train_restore_file_refuses_payload_even_when_forced_unsafe(cli, booby):
-    _assert_refused_cli(cli["restore-booby"], booby, SYSTEM)
+    _assert_refused_cli(cli["restore-booby"], booby, "without weights-only restrictions")
 
 
 def test_fairseq_train_finetune_from_model_refuses_payload(cli, booby):
