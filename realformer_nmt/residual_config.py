@@ -35,6 +35,8 @@ def parse_paths(value) -> FrozenSet[str]:
         raise ConfigError(f"{PATHS_FLAG}: empty value; give a comma list of {', '.join(PATHS)}, or none")
     if words == ["none"]:
         return frozenset()
+    if "none" in words:
+        raise ConfigError(f"{PATHS_FLAG}: 'none' cannot be combined with other paths")
     for word in words:
         if word not in PATHS:
             raise ConfigError(
