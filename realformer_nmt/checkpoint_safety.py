@@ -45,7 +45,7 @@ from omegaconf.base import ContainerMetadata, Metadata
 from omegaconf.nodes import AnyNode
 
 from . import residual_config
-from .errors import RealFormerError, UnsafeCheckpointError
+from .errors import CheckpointFileError, RealFormerError, UnsafeCheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +56,6 @@ __all__ = [
     "install_safe_checkpoint_loading",
     "safe_load_checkpoint_to_cpu",
 ]
-
-
-class CheckpointFileError(RealFormerError, OSError):
-    """A checkpoint file that is missing, unreadable, truncated or not a torch checkpoint."""
 
 
 # --------------------------------------------------------------------------------------

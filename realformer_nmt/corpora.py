@@ -20,16 +20,12 @@ import sys
 import urllib.error
 import urllib.request
 
-from .errors import RealFormerError
+from .errors import DataError  # noqa: F401  (raised here; corpora.DataError for callers)
 
 SPLITS = ("train", "valid", "test")
 LANGS = ("en", "de")
 MULTI30K_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}.{lang}.gz"
-
-
-class DataError(RealFormerError, ValueError):
-    """A missing, unreadable or inconsistent corpus file (reported as one line by the CLIs)."""
 
 
 # --------------------------------------------------------------------------------------

@@ -20,6 +20,14 @@ class UnsafeCheckpointError(RealFormerError):
     """A checkpoint that holds objects fairseq checkpoints never contain."""
 
 
+class CheckpointFileError(RealFormerError, OSError):
+    """A checkpoint file that is missing, unreadable, truncated or not a torch checkpoint."""
+
+
+class DataError(RealFormerError, ValueError):
+    """A missing, unreadable or inconsistent corpus file (reported as one line by the CLIs)."""
+
+
 _previous_hook = sys.excepthook
 
 

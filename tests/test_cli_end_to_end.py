@@ -1,6 +1,5 @@
 """Through fairseq's real command-line tools: preprocess -> train -> generate."""
 
-import pytest
 import torch
 
 from cli_helpers import TINY_FLAGS, run

@@ -14,9 +14,7 @@ import pickletools
 import re
 import shutil
 import subprocess
-import sys
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,15 +24,13 @@ import realformer_nmt  # noqa: F401  (allow-lists fairseq's types, wraps the loa
 from realformer_nmt import checkpoint_safety
 from realformer_nmt.checkpoint_safety import (
     FAIRSEQ_CHECKPOINT_GLOBALS,
-    CheckpointFileError,
     allow_fairseq_checkpoint_types,
     install_safe_checkpoint_loading,
 )
-from realformer_nmt.errors import UnsafeCheckpointError
+from realformer_nmt.errors import CheckpointFileError, UnsafeCheckpointError
 
-REPO = Path(__file__).resolve().parent.parent
-USER_DIR = str(REPO / "realformer_nmt")
-BIN = Path(sys.executable).parent
+from conftest import BIN, REPO, USER_DIR, cli_env
+
 SYSTEM = f"{os.system.__module__}.{os.system.__name__}"  # posix.system on Linux
 
 TINY_MODEL = [
@@ -63,7 +59,7 @@ class _Cli:
     """A fairseq CLI started in the background; ``.result()`` waits for it."""
 
     def __init__(self, name, *args, cwd, env_extra=None):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+        env = {k: v for k, v in cli_env().items() if not k.startswith("TORCH_FORCE_")}
         env.update(env_extra or {})
         self.proc = subprocess.Popen(
             [_cli(name), *map(str, args)], cwd=cwd, env=env,
@@ -83,9 +79,7 @@ def _train(data, save_dir, *extra, cwd, env_extra=None):
 
 def _generate(data, path, cwd):
     return _Cli("fairseq-generate", data, "--user-dir", USER_DIR, "--path", path, "--cpu",
-                "--beam", "2", "--batch-size", "16", "--max-len-b", "10",
-                # fairseq 0.12 drops a last batch smaller than this multiple (default 8)
-                "--required-batch-size-multiple", "1", cwd=cwd)
+                "--beam", "2", "--batch-size", "16", "--max-len-b", "10", cwd=cwd)
 
 
 def _pickle_globals(path):
@@ -122,29 +116,6 @@ class Harmless:
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     return tmp_path_factory.mktemp("ckpt_safety")
-
-
-@pytest.fixture(scope="module")
-def data_bin(work):
-    import random
-
-    rng = random.Random(0)
-    words = "a b c d e f g h i j k l".split()
-    raw = work / "raw"
-    raw.mkdir()
-    for split, n in (("train", 160), ("valid", 16), ("test", 6)):
-        with open(raw / f"{split}.src", "w") as src, open(raw / f"{split}.tgt", "w") as tgt:
-            for _ in range(n):
-                sent = [rng.choice(words) for _ in range(rng.randint(2, 5))]
-                src.write(" ".join(sent) + "\n")
-                tgt.write(" ".join(reversed(sent)).upper() + "\n")
-    out = work / "data-bin"
-    proc = _Cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
-                "--trainpref", raw / "train", "--validpref", raw / "valid",
-                "--testpref", raw / "test", "--destdir", out, "--workers", "1",
-                cwd=work).result()
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
 
 
 @pytest.fixture(scope="module")
