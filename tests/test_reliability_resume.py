@@ -396,3 +396,51 @@ def test_different_seed_gives_different_losses(determinism_runs):
 def test_residual_mode_changes_the_losses(determinism_runs):
     """Sum and mean really are different models (the comparison above is not vacuous)."""
     assert determinism_runs["sum-a"][0] != determinism_runs["mean-a"][0]
+
+
+# --------------------------------------------------------------------------------------
+# A finished run exits cleanly (no SIGABRT from fairseq's batch-making thread)
+# --------------------------------------------------------------------------------------
+
+# fairseq's BufferedIterator left mid-epoch, its daemon thread busy in torch ops (as
+# when --max-update stops training while the next batches are being collated)
+_EXIT_MID_EPOCH = """
+import sys, torch
+if sys.argv[1] == "plugin":
+    import realformer_nmt  # noqa: F401
+from fairseq.data.iterators import BufferedIterator
+
+class Batches:
+    def __len__(self):
+        return 1000
+    def __iter__(self):
+        x = torch.randn(200, 200)
+        for _ in range(1000):
+            for _ in range(20):
+                x = torch.tanh(x @ x)
+            yield x
+
+assert next(BufferedIterator(2, Batches())).shape == (200, 200)
+print("done")
+"""
+
+
+def _exit_mid_epoch(variant):
+    return subprocess.run([sys.executable, "-c", _EXIT_MID_EPOCH, variant], env=cli_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_fairseq_alone_aborts_when_exiting_mid_epoch():
+    # the bug the plugin fixes, shown on fairseq's own iterator
+    proc = _exit_mid_epoch("vanilla")
+    assert proc.stdout.strip() == "done"
+    assert proc.returncode == -signal.SIGABRT, (proc.returncode, proc.stderr[-2000:])
+    assert "terminate called without an active exception" in proc.stderr
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_plugin_exits_cleanly_mid_epoch(attempt):
+    proc = _exit_mid_epoch("plugin")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "done"
+    assert "terminate called" not in proc.stderr
