@@ -15,5 +15,5 @@ setup(
         "sentencepiece",
         "sacrebleu>=2.0",
     ],
-    extras_require={"test": ["pytest"], "plot": ["matplotlib"]},
+    extras_require={"test": ["pytest", "matplotlib"], "plot": ["matplotlib"]},
 )

@@ -1,18 +1,26 @@
 """RealFormer (residual attention) for fairseq.
 
 Importing this package, or passing ``--user-dir realformer_nmt`` to a fairseq CLI,
-registers the ``realformer_transformer`` model and its architectures and makes
-fairseq checkpoints load under torch's ``weights_only`` unpickler.
+registers the RealFormer models and architectures and installs the fixes to fairseq
+0.12 itself (``fairseq_patches``: safe checkpoint loading, atomic checkpoint copies,
+no dropped batches, ...).
+
+Layout: ``modules/`` (the residual attention rule and the layers), ``models/`` (the
+registered models), ``fairseq_patches/``, ``data/`` (corpus preparation) and
+``experiments/`` (benchmarks and comparisons, fronted by ``scripts/``).
 """
 
 from .errors import install_excepthook
 
 install_excepthook()
 
-from . import checkpoint_safety  # noqa: E402  (allow-lists fairseq's checkpoint types)
-from . import atomic_checkpoints  # noqa: E402  (atomic checkpoint_last/best copies)
-from . import data_checks  # noqa: E402  (one-line errors for unusable data dirs)
-from . import fairseq_fixes  # noqa: E402  (no silently dropped sentences or input lines)
-from . import models  # noqa: E402,F401  (registers the model and architectures)
+from . import fairseq_patches  # noqa: E402
+from . import residual_config  # noqa: E402
+
+fairseq_patches.install_all()
+if residual_config.tag_checkpoint not in fairseq_patches.safe_checkpoint_loading.AFTER_LOAD_HOOKS:
+    fairseq_patches.safe_checkpoint_loading.AFTER_LOAD_HOOKS.append(residual_config.tag_checkpoint)
+
+from . import models  # noqa: E402,F401  (registers the models and architectures)
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""The two RealFormer flags: which attention paths are residual, and sum or mean.
+"""The RealFormer flags: which attention paths are residual, sum or mean, and the kernel.
 
 Values stay plain strings in args/checkpoints (``"encoder,decoder,cross"``, ``"sum"``)
 so checkpoints hold nothing but builtins; modules parse them with ``resolve``.
@@ -9,12 +9,14 @@ import logging
 from typing import FrozenSet, NamedTuple, Optional
 
 from .errors import ConfigError
-from .modules.residual_attention import RESIDUAL_MODES
+from .modules.residual_attention import KERNELS, RESIDUAL_MODES
 
 PATHS = ("encoder", "decoder", "cross")
 PATHS_FLAG = "--residual-attention-paths"
 MODE_FLAG = "--residual-attention-mode"
+KERNEL_FLAG = "--residual-attention-kernel"
 DEFAULT_MODE = "sum"
+DEFAULT_KERNEL = "auto"
 
 logger = logging.getLogger(__name__)
 
@@ -22,9 +24,14 @@ logger = logging.getLogger(__name__)
 class ResidualSettings(NamedTuple):
     paths: FrozenSet[str]
     mode: str
+    kernel: str = DEFAULT_KERNEL  # how, not what: every kernel computes the same function
 
     def describe(self) -> str:
-        return f"paths={format_paths(self.paths)}, mode={self.mode}"
+        return f"paths={format_paths(self.paths)}, mode={self.mode}, kernel={self.kernel}"
+
+    def function(self):
+        """What the model computes (the kernel only changes how)."""
+        return (self.paths, self.mode)
 
 
 def parse_paths(value) -> FrozenSet[str]:
@@ -56,18 +63,32 @@ def parse_mode(value) -> str:
     return value
 
 
-def resolve(cfg) -> ResidualSettings:
+def parse_kernel(value) -> str:
+    if value not in KERNELS:
+        raise ConfigError(f"{KERNEL_FLAG}: unknown kernel {value!r} (choose from {', '.join(KERNELS)})")
+    return value
+
+
+def resolve(cfg, available=PATHS) -> ResidualSettings:
     """Validated settings from a model config or args namespace.
 
+    ``available``: the paths the model has (``("encoder",)`` for an encoder-only model).
     A path on an attention the model does not have is an error, not a silent no-op.
     """
-    paths = parse_paths(getattr(cfg, "residual_attention_paths", ",".join(PATHS)))
-    mode = parse_mode(getattr(cfg, "residual_attention_mode", DEFAULT_MODE))
+    paths = parse_paths(getattr(cfg, "residual_attention_paths", None) or ",".join(available))
+    mode = parse_mode(getattr(cfg, "residual_attention_mode", None) or DEFAULT_MODE)
+    kernel = parse_kernel(getattr(cfg, "residual_attention_kernel", None) or DEFAULT_KERNEL)
+    missing = sorted(paths - set(available), key=PATHS.index)
+    if missing:
+        raise ConfigError(
+            f"{PATHS_FLAG} includes {', '.join(missing)} but this model has only "
+            f"{' and '.join(available)} attention paths (use {format_paths(available)} or none)"
+        )
     if "cross" in paths and getattr(cfg, "no_cross_attention", False):
         raise ConfigError(
             f"{PATHS_FLAG} includes 'cross' but --no-cross-attention removes encoder-decoder attention"
         )
-    return ResidualSettings(paths, mode)
+    return ResidualSettings(paths, mode, kernel)
 
 
 def in_checkpoint(state) -> Optional[ResidualSettings]:
@@ -86,7 +107,7 @@ def in_checkpoint(state) -> Optional[ResidualSettings]:
 
 def warn_if_changed(source: Optional[ResidualSettings], target: ResidualSettings, what="checkpoint"):
     """Log what changes when weights trained under ``source`` run under ``target``."""
-    if source is None or source == target:
+    if source is None or source.function() == target.function():
         return
     changes = []
     if source.paths != target.paths:
@@ -139,18 +160,28 @@ def _argparse_type(parse, canonical=lambda v: v):
     return convert
 
 
-def add_args(parser):
+def add_args(parser, available=PATHS):
+    """The RealFormer flags; ``available``: the model's attention paths."""
     group = parser.add_argument_group("RealFormer residual attention")
+    names = {"encoder": "encoder (self-attention)", "decoder": "decoder (self-attention)",
+             "cross": "cross (encoder-decoder attention)"}
     group.add_argument(
         PATHS_FLAG, type=_argparse_type(parse_paths, format_paths), metavar="PATHS",
         help="comma list of attention paths that pass their pre-softmax scores to the next "
-             "layer: encoder (self-attention), decoder (self-attention), cross "
-             "(encoder-decoder attention), or none (vanilla transformer). "
+             f"layer: {', '.join(names[p] for p in available)}, or none (the vanilla model). "
              "Default: every path the model has",
     )
     group.add_argument(
         MODE_FLAG, choices=RESIDUAL_MODES,
         help="sum: softmax over the running sum of scores (the paper's default); "
-             "mean: over the running mean, sum / layer number (the paper's option for "
+             "mean: over the running mean, sum / number of terms in it (the paper's option for "
              "deep stacks). Default: sum",
+    )
+    group.add_argument(
+        KERNEL_FLAG, choices=KERNELS,
+        help="how residual attention is computed (all compute the same function): "
+             "materialized (B x H x T x S float32 scores passed between layers), fused "
+             "(concatenated queries/keys passed on, PyTorch's scaled_dot_product_attention; "
+             "no T x S tensor stored), or auto (per path and call, by the rule in "
+             "modules/residual_attention.py). Default: auto",
     )

@@ -13,7 +13,7 @@ import sys
 import torch
 
 import realformer_nmt  # noqa: F401  (registers the model)
-from realformer_nmt.benchmark import VARIANTS, run_benchmark
+from realformer_nmt.experiments.benchmark import VARIANTS, run_benchmark
 
 
 def main(argv=None):

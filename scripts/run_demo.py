@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-corpora = None  # realformer_nmt.corpora, imported by main() after parsing: fairseq loads slowly
+corpora = None  # realformer_nmt.data.pipeline, imported by main() after parsing: fairseq loads slowly
 
 DEMO_DATA = dict(vocab_size=1000, seed=1)
 MODEL_FLAGS = (
@@ -250,7 +250,7 @@ def main(argv=None):
     global corpora
     args = parse_args(argv)
     logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
-    from realformer_nmt import corpora
+    from realformer_nmt.data import pipeline as corpora
 
     try:
         report = run(args)

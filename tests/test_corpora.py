@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from realformer_nmt import corpora
+from realformer_nmt.data import multi30k, pipeline, synthetic_en_de
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K_DIR = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "multi30k"))
@@ -20,9 +20,9 @@ def _lines(path):
 
 def _corpus(out_dir, seed, **sizes):
     sizes = dict(dict(n_train=400, n_valid=50, n_test=50), **sizes)
-    counts = corpora.make_synthetic_en_de(str(out_dir), seed=seed, **sizes)
+    counts = synthetic_en_de.make_synthetic_en_de(str(out_dir), seed=seed, **sizes)
     return counts, {f"{s}.{l}": _lines(os.path.join(out_dir, f"{s}.{l}"))
-                    for s in corpora.SPLITS for l in corpora.LANGS}
+                    for s in pipeline.SPLITS for l in pipeline.LANGS}
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +48,11 @@ def test_synthetic_golden_first_pairs(synthetic):
 
 
 def test_german_inflection_helpers():
-    assert corpora._join_ending("müde", "e") == "müde" and corpora._join_ending("müde", "en") == "müden"
-    assert corpora._join_ending("groß", "er") == "großer" and corpora._join_ending("ein", "-") == "ein"
-    assert [corpora._dative_plural(w) for w in ("Hunde", "Frauen", "Autos", "Kinder")] == [
+    assert synthetic_en_de._join_ending("müde", "e") == "müde" and synthetic_en_de._join_ending("müde", "en") == "müden"
+    assert synthetic_en_de._join_ending("groß", "er") == "großer" and synthetic_en_de._join_ending("ein", "-") == "ein"
+    assert [synthetic_en_de._dative_plural(w) for w in ("Hunde", "Frauen", "Autos", "Kinder")] == [
         "Hunden", "Frauen", "Autos", "Kindern"]
-    assert corpora._english_article("old") == "an" and corpora._english_article("young") == "a"
+    assert synthetic_en_de._english_article("old") == "an" and synthetic_en_de._english_article("young") == "a"
 
 
 def test_synthetic_counts_align_and_splits_are_disjoint(synthetic):
@@ -69,15 +69,15 @@ def test_synthetic_sentences_are_cased_and_punctuated(synthetic):
         assert line[0].isupper() and line[-1] in ".?" and "  " not in line
 
 
-FINITE = {w for v in corpora.VERBS + corpora.SAY_VERBS for w in v["de"]} | {
-    w for forms in corpora._AUX.values() for w in forms}
+FINITE = {w for v in synthetic_en_de.VERBS + synthetic_en_de.SAY_VERBS for w in v["de"]} | {
+    w for forms in synthetic_en_de._AUX.values() for w in forms}
 
 
 def _pairs(n, seed=0):
     import random
 
     rng = random.Random(seed)
-    return [corpora.synthetic_pair(rng) for _ in range(n)]
+    return [synthetic_en_de.synthetic_pair(rng) for _ in range(n)]
 
 
 def test_synthetic_german_verb_final_clauses():
@@ -119,7 +119,7 @@ def _write_gz(path, text):
 
 @pytest.mark.skipif(not os.path.isdir(MULTI30K_DIR), reason=f"no local Multi30k copy at {MULTI30K_DIR}")
 def test_multi30k_from_local_gz(tmp_path):
-    report = corpora.load_multi30k(str(tmp_path), raw_dir=MULTI30K_DIR)
+    report = multi30k.load_multi30k(str(tmp_path), raw_dir=MULTI30K_DIR)
     expected = {"train": 29000, "valid": 1014, "test": 1000}
     for split, n in expected.items():
         assert report[split]["kept"] == n
@@ -136,15 +136,15 @@ def _fake_multi30k(raw_dir, de_train="Ein Hund.\nZwei Katzen.\n"):
 
 def test_multi30k_misaligned_names_the_file(tmp_path):
     _fake_multi30k(tmp_path / "raw", de_train="Ein Hund.\nZwei Katzen.\nDrei.\n")
-    with pytest.raises(corpora.DataError, match=r"train\.de\.gz has 3 lines but .*train\.en\.gz has 2"):
-        corpora.load_multi30k(str(tmp_path / "out"), raw_dir=str(tmp_path / "raw"))
+    with pytest.raises(pipeline.DataError, match=r"train\.de\.gz has 3 lines but .*train\.en\.gz has 2"):
+        multi30k.load_multi30k(str(tmp_path / "out"), raw_dir=str(tmp_path / "raw"))
 
 
 def test_multi30k_missing_file_names_file_and_flag(tmp_path):
     _fake_multi30k(tmp_path / "raw")
     os.remove(tmp_path / "raw" / "val.de.gz")
-    with pytest.raises(corpora.DataError, match=r"val\.de.*--raw-dir"):
-        corpora.load_multi30k(str(tmp_path / "out"), raw_dir=str(tmp_path / "raw"))
+    with pytest.raises(pipeline.DataError, match=r"val\.de.*--raw-dir"):
+        multi30k.load_multi30k(str(tmp_path / "out"), raw_dir=str(tmp_path / "raw"))
 
 
 def test_multi30k_plain_files_bad_utf8_and_empty_lines(tmp_path, capsys):
@@ -154,7 +154,7 @@ def test_multi30k_plain_files_bad_utf8_and_empty_lines(tmp_path, capsys):
         os.remove(raw / f"train.{lang}.gz")
     _write(raw / "train.en", b"A dog.\n\nCaf\xe9 time.\r\nTwo\tcats.\n")
     _write(raw / "train.de", "Ein Hund.\nLeer.\nKaffeezeit.\nZwei Katzen.\n".encode("utf-8"))
-    report = corpora.load_multi30k(str(tmp_path / "out"), raw_dir=str(raw))["train"]
+    report = multi30k.load_multi30k(str(tmp_path / "out"), raw_dir=str(raw))["train"]
     assert report["lines"] == 4 and report["kept"] == 3 and report["dropped_empty"] == 1
     assert report["non_utf8_lines"][str(raw / "train.en")] == 1
     assert _lines(tmp_path / "out" / "train.en") == ["A dog.", "Caf\ufffd time.", "Two cats."]
@@ -164,23 +164,23 @@ def test_multi30k_plain_files_bad_utf8_and_empty_lines(tmp_path, capsys):
 
 
 def test_multi30k_needs_a_source(tmp_path):
-    with pytest.raises(corpora.DataError, match="--raw-dir"):
-        corpora.load_multi30k(str(tmp_path))
-    with pytest.raises(corpora.DataError, match="--raw-dir /nonexistent"):
-        corpora.load_multi30k(str(tmp_path), raw_dir="/nonexistent")
+    with pytest.raises(pipeline.DataError, match="--raw-dir"):
+        multi30k.load_multi30k(str(tmp_path))
+    with pytest.raises(pipeline.DataError, match="--raw-dir /nonexistent"):
+        multi30k.load_multi30k(str(tmp_path), raw_dir="/nonexistent")
 
 
 def test_prepare_small_synthetic(tmp_path):
     dest = tmp_path / "bin"
-    summary = corpora.prepare("synthetic", str(dest), vocab_size=200, seed=3,
+    summary = pipeline.prepare("synthetic", str(dest), vocab_size=200, seed=3,
                               synthetic_sizes=dict(n_train=300, n_valid=30, n_test=30))
     for name in ("dict.en.txt", "dict.de.txt", "train.en-de.en.bin", "train.en-de.de.idx",
                  "test.en-de.de.bin", "spm.model", "prepare.json"):
         assert (dest / name).is_file(), name
     assert summary["counts"] == {"train": 300, "valid": 30, "test": 30}
-    assert summary["settings"] == corpora.prepare_settings(
+    assert summary["settings"] == pipeline.prepare_settings(
         "synthetic", 200, 3, dict(n_train=300, n_valid=30, n_test=30))
-    assert corpora.prepared_settings(str(dest)) == summary["settings"]
+    assert pipeline.prepared_settings(str(dest)) == summary["settings"]
     assert 50 < summary["dictionary_size"] <= 200 + 4
     pieces = _lines(tmp_path / "bin" / "work" / "spm" / "train.spm.de")
     assert len(pieces) == 300 and all("\u2581" in p for p in pieces)
@@ -218,9 +218,9 @@ def test_multi30k_download_uses_official_urls_and_reports_failure(tmp_path, monk
         text = "Ein Hund.\n" if url.endswith(".de.gz") else "A dog.\n"
         return io.BytesIO(gzip.compress(text.encode("utf-8")))
 
-    monkeypatch.setattr(corpora.urllib.request, "urlopen", fake_urlopen)
-    with pytest.raises(corpora.DataError, match=r"could not download https://raw\.githubusercontent\.com/"
+    monkeypatch.setattr(multi30k.urllib.request, "urlopen", fake_urlopen)
+    with pytest.raises(pipeline.DataError, match=r"could not download https://raw\.githubusercontent\.com/"
                                                 r"multi30k/dataset/master/data/task1/raw/test_2016_flickr\.de\.gz"):
-        corpora.load_multi30k(str(tmp_path), download=True)
-    assert requested[0] == corpora.MULTI30K_URL.format(name="train", lang="en")
+        multi30k.load_multi30k(str(tmp_path), download=True)
+    assert requested[0] == multi30k.MULTI30K_URL.format(name="train", lang="en")
     assert _lines(tmp_path / "train.de") == ["Ein Hund."] and _lines(tmp_path / "valid.en") == ["A dog."]

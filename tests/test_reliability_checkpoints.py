@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import realformer_nmt  # noqa: F401  (allow-lists fairseq's types, wraps the loader)
-from realformer_nmt import checkpoint_safety
-from realformer_nmt.checkpoint_safety import (
+from realformer_nmt.fairseq_patches import safe_checkpoint_loading as checkpoint_safety
+from realformer_nmt.fairseq_patches.safe_checkpoint_loading import (
     FAIRSEQ_CHECKPOINT_GLOBALS,
     allow_fairseq_checkpoint_types,
     install_safe_checkpoint_loading,
@@ -455,15 +455,15 @@ def test_allow_list_holds_only_data_types():
 
 
 def test_install_is_idempotent():
-    import importlib
-
     from fairseq import checkpoint_utils
+
+    from realformer_nmt import fairseq_patches
 
     before = checkpoint_utils.load_checkpoint_to_cpu
     count = len(torch.serialization.get_safe_globals())
     allow_fairseq_checkpoint_types()
     install_safe_checkpoint_loading()
-    importlib.reload(checkpoint_safety)
+    fairseq_patches.install_all()
     assert checkpoint_utils.load_checkpoint_to_cpu is before
     assert before.__realformer_safe__
     assert not getattr(before.__wrapped__, "__realformer_safe__", False)  # wrapped once

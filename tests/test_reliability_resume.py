@@ -32,12 +32,11 @@ What it does not guarantee:
 Kills at random moments, including during checkpoint saves, must leave a loadable
 ``checkpoint_last.pt``: fairseq renames its first checkpoint into place atomically but
 copies it onto ``checkpoint_last.pt``/``checkpoint_best.pt`` in place;
-``realformer_nmt.atomic_checkpoints`` (installed by ``import realformer_nmt``) makes those
+``realformer_nmt.fairseq_patches.atomic_checkpoint_copies`` (installed by ``import realformer_nmt``) makes those
 copies atomic.
 """
 
 import errno
-import importlib
 import json
 import os
 import random
@@ -56,7 +55,8 @@ from cli_helpers import TINY_FLAGS
 
 from fairseq import file_io
 from fairseq.file_io import PathManager
-from realformer_nmt import atomic_checkpoints
+from realformer_nmt import fairseq_patches
+from realformer_nmt.fairseq_patches import atomic_checkpoint_copies as atomic_checkpoints
 
 MAX_UPDATE = 40
 # Bigger than TINY_FLAGS' model (8 MB checkpoints) and one sentence per update, so that
@@ -190,8 +190,8 @@ def test_fairseqs_own_copy_failing_midway_truncates_the_destination(tmp_path, mo
 
 def test_install_is_idempotent():
     wrapped = PathManager.copy
-    importlib.reload(atomic_checkpoints)
     atomic_checkpoints.install_atomic_checkpoint_copy()
+    fairseq_patches.install_all()
     assert PathManager.copy is wrapped
     assert wrapped.__realformer_atomic__
     assert not getattr(wrapped.__wrapped__, "__realformer_atomic__", False)  # no double wrap
@@ -215,7 +215,7 @@ def test_plugin_import_installs_the_atomic_copy():
                           env=cli_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "True", (
-        "realformer_nmt/__init__.py must import atomic_checkpoints")
+        "realformer_nmt/__init__.py must install fairseq_patches.atomic_checkpoint_copies")
 
 
 # --------------------------------------------------------------------------------------

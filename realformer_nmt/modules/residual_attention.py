@@ -24,6 +24,7 @@ from fairseq import utils
 from fairseq.modules import MultiheadAttention
 
 RESIDUAL_MODES = ("sum", "mean")
+KERNELS = ("auto", "materialized", "fused")
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 

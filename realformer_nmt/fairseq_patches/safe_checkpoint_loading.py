@@ -1,11 +1,12 @@
 """Load fairseq checkpoints under torch's ``weights_only`` unpickler, and nothing else.
 
-Since torch 2.6, ``torch.load`` defaults to ``weights_only=True``: only tensors, plain
+Bug (fairseq 0.12 under torch >= 2.6): since torch 2.6, ``torch.load`` defaults to ``weights_only=True``: only tensors, plain
 containers and explicitly allow-listed globals may be unpickled, so a checkpoint cannot
 run code when it is opened. fairseq 0.12 predates that and its checkpoints hold a few
 other types (``argparse.Namespace`` above all), so every vanilla ``fairseq-generate``
-fails. Importing this module (which ``import realformer_nmt`` and ``--user-dir
-realformer_nmt`` do) fixes that the safe way:
+fails; and the usual workaround (``weights_only=False``) lets a checkpoint run code.
+``install`` (run by ``import realformer_nmt`` and ``--user-dir realformer_nmt``) fixes
+that the safe way:
 
 * ``allow_fairseq_checkpoint_types()`` adds to torch's allow-list exactly the types
   that checkpoints written by fairseq hold (``FAIRSEQ_CHECKPOINT_GLOBALS`` says which,
@@ -21,6 +22,11 @@ realformer_nmt`` do) fixes that the safe way:
   ``CheckpointFileError``) instead of torch's long message.
 
 Nothing here ever turns weights-only loading off.
+
+When it is no longer needed: fairseq's ``load_checkpoint_to_cpu`` passes
+``weights_only=True`` and registers its own safe globals, and a checkpoint with a
+``__reduce__`` payload is refused by vanilla ``fairseq-generate``
+(``tests/test_reliability_checkpoints.py`` builds one).
 """
 
 import argparse
@@ -44,13 +50,17 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.base import ContainerMetadata, Metadata
 from omegaconf.nodes import AnyNode
 
-from . import residual_config
-from .errors import CheckpointFileError, RealFormerError, UnsafeCheckpointError
+from ..errors import CheckpointFileError, RealFormerError, UnsafeCheckpointError
 
 logger = logging.getLogger(__name__)
 
+# ``hook(state, path)`` run on every checkpoint that loaded safely (the plugin uses it to
+# note the residual settings a checkpoint was trained with; see ``residual_config``).
+AFTER_LOAD_HOOKS = []
+
 __all__ = [
     "FAIRSEQ_CHECKPOINT_GLOBALS",
+    "install",
     "CheckpointFileError",
     "allow_fairseq_checkpoint_types",
     "install_safe_checkpoint_loading",
@@ -584,7 +594,8 @@ def _make_safe_loader(original):
                 raise _file_error(path, exc) from exc
             raise
         _refuse_code_in_config(path, state)
-        residual_config.tag_checkpoint(state, path)
+        for hook in AFTER_LOAD_HOOKS:
+            hook(state, path)
         return state
 
     safe_load_checkpoint_to_cpu.__realformer_safe__ = True
@@ -644,4 +655,4 @@ def safe_load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=Fals
     )
 
 
-install_safe_checkpoint_loading()
+install = install_safe_checkpoint_loading

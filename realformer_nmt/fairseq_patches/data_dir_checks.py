@@ -1,7 +1,14 @@
-"""One clear sentence, naming the path, when a data directory cannot be used.
+"""One clear sentence, naming the path, when a translation data directory cannot be used.
 
-fairseq's translation task otherwise fails deep inside with a traceback
-(``FileNotFoundError`` from ``Dictionary.load`` or "Could not infer language pair").
+Bug (fairseq 0.12): ``TranslationTask.setup_task`` on a missing directory, or on one
+without ``dict.<lang>.txt``, fails deep inside with a traceback (``FileNotFoundError``
+from ``Dictionary.load`` or "Could not infer language pair").
+
+Fix: ``setup_task`` first checks the first data path and raises ``ConfigError``, which
+the CLIs print as one line naming the path and the file.
+
+When it is no longer needed: ``fairseq-train /nonexistent --task translation ...``
+prints one line naming the path with the patch uninstalled.
 """
 
 import glob
@@ -10,7 +17,7 @@ import os
 from fairseq import utils
 from fairseq.tasks.translation import TranslationTask
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def check_translation_data(cfg):
@@ -43,5 +50,3 @@ def install():
     checked_setup_task._checks_data = True
     TranslationTask.setup_task = classmethod(checked_setup_task)
 
-
-install()

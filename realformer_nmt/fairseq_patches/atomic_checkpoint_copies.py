@@ -1,6 +1,6 @@
 """Make fairseq's checkpoint copies atomic, so a killed training run can always resume.
 
-``fairseq.checkpoint_utils.save_checkpoint`` writes the first checkpoint of its list
+Bug (fairseq 0.12): ``fairseq.checkpoint_utils.save_checkpoint`` writes the first checkpoint of its list
 atomically (``torch_persistent_save``: ``<name>.tmp``, then ``os.rename``), but then
 *copies* that file onto the others -- ``checkpoint_best.pt`` and ``checkpoint_last.pt``
 -- with ``PathManager.copy`` (``shutil.copyfile``, or iopath's copy), which truncates the
@@ -8,13 +8,17 @@ destination first and fills it in place. A ``kill -9``, OOM kill, preemption or 
 during that copy leaves a truncated ``checkpoint_last.pt``, which is exactly the file the
 next ``fairseq-train`` run resumes from: the restart fails and the run is lost.
 
-Importing this module (``import realformer_nmt`` / ``--user-dir realformer_nmt`` do)
+Fix: ``install`` (run by ``import realformer_nmt`` / ``--user-dir realformer_nmt``)
 replaces ``fairseq.file_io.PathManager.copy`` -- every fairseq module shares that one
 class -- with a copy that, for local paths, writes ``<dst>.copy.tmp`` in the destination
 directory, fsyncs it and ``os.replace``s it onto ``<dst>``: at every instant ``<dst>`` is
 either the complete old file or the complete new one. A kill can only leave the
 ``.copy.tmp`` file behind (the next copy to that destination overwrites it; fairseq's
 checkpoint patterns never match it). Remote (iopath URI) paths keep fairseq's own copy.
+
+When it is no longer needed: fairseq's ``save_checkpoint`` writes every copy through
+``torch_persistent_save`` (or an atomic rename); ``tests/test_reliability_resume.py``
+shows the truncated ``checkpoint_last.pt`` that fairseq's own copy leaves.
 """
 
 import contextlib
@@ -23,7 +27,7 @@ import shutil
 
 from fairseq.file_io import PathManager
 
-__all__ = ["TMP_SUFFIX", "atomic_copy", "install_atomic_checkpoint_copy"]
+__all__ = ["TMP_SUFFIX", "atomic_copy", "install", "install_atomic_checkpoint_copy"]
 
 TMP_SUFFIX = ".copy.tmp"
 
@@ -71,4 +75,4 @@ def _has_iopath():
     return file_io.IOPathManager is not None
 
 
-install_atomic_checkpoint_copy()
+install = install_atomic_checkpoint_copy

@@ -1,0 +1,71 @@
+"""Multi30k task 1 (English->German image descriptions): train / val / test_2016_flickr,
+from a local copy (plain or ``.gz``, e.g. ``../shared/data/multi30k``) or from the
+official GitHub repository (``--download``)."""
+
+import os
+import shutil
+import sys
+import urllib.error
+import urllib.request
+
+from ..errors import DataError
+from .pipeline import LANGS, read_parallel, write_split
+
+MULTI30K_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}.{lang}.gz"
+
+
+def _find_raw_file(raw_dir, name, lang):
+    for candidate in (f"{name}.{lang}", f"{name}.{lang}.gz"):
+        path = os.path.join(raw_dir, candidate)
+        if os.path.isfile(path):
+            return path
+    raise DataError(f"missing Multi30k file {os.path.join(raw_dir, name + '.' + lang)}[.gz] "
+                    f"(check --raw-dir {raw_dir})")
+
+
+def _download(name, lang, dest_dir):
+    url = MULTI30K_URL.format(name=name, lang=lang)
+    path = os.path.join(dest_dir, f"{name}.{lang}.gz")
+    print(f"downloading {url}", file=sys.stderr)
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(path + ".part", "wb") as f:
+            shutil.copyfileobj(response, f)
+    except (urllib.error.URLError, OSError) as exc:
+        raise DataError(f"could not download {url}: {exc} (use --raw-dir with a local copy)") from exc
+    os.replace(path + ".part", path)
+    return path
+
+
+def check_multi30k_source(raw_dir=None, download=False):
+    """Fail early (before anything is written) when there is nowhere to read Multi30k from."""
+    if raw_dir is None and not download:
+        raise DataError("Multi30k needs --raw-dir DIR (a local copy) or --download")
+    if raw_dir is not None and not os.path.isdir(raw_dir):
+        raise DataError(f"--raw-dir {raw_dir} is not a directory")
+    if raw_dir is not None:
+        for name in MULTI30K_FILES.values():
+            for lang in LANGS:
+                _find_raw_file(raw_dir, name, lang)
+
+
+def load_multi30k(out_dir, raw_dir=None, download=False):
+    """Write Multi30k task 1 as ``{train,valid,test}.{en,de}``; return a per-split report."""
+    check_multi30k_source(raw_dir, download)
+    os.makedirs(out_dir, exist_ok=True)
+    report = {}
+    for split, name in MULTI30K_FILES.items():
+        if raw_dir is not None:
+            paths = [_find_raw_file(raw_dir, name, lang) for lang in LANGS]
+        else:
+            paths = [_download(name, lang, out_dir) for lang in LANGS]
+        pairs, report[split] = read_parallel(*paths)
+        write_split(out_dir, split, pairs)
+        for path, bad in report[split]["non_utf8_lines"].items():
+            if bad:
+                print(f"warning: {path}: {bad} lines had invalid UTF-8 (replaced with U+FFFD)",
+                      file=sys.stderr)
+        if report[split]["dropped_empty"]:
+            print(f"warning: {split}: dropped {report[split]['dropped_empty']} pairs with an empty side",
+                  file=sys.stderr)
+    return report

@@ -1,0 +1,212 @@
+"""The preparation pipeline every corpus shares.
+
+``prepare``: raw text (written by a corpus module: ``synthetic_en_de``, ``multi30k``)
+-> joint SentencePiece model -> ``*.spm.{en,de}`` piece files -> ``fairseq-preprocess``
+binaries in ``dest_dir`` (+ ``spm.model``, ``prepare.json``).
+"""
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from ..errors import DataError  # noqa: F401  (raised here; pipeline.DataError for callers)
+
+SPLITS = ("train", "valid", "test")
+LANGS = ("en", "de")
+
+
+def _write_lines(path, lines):
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+def read_lines(path):
+    with open(path, encoding="utf-8", newline="\n") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def write_split(out_dir, split, pairs):
+    """Write ``split.en`` / ``split.de`` from (en, de) pairs."""
+    os.makedirs(out_dir, exist_ok=True)
+    for i, lang in enumerate(LANGS):
+        _write_lines(os.path.join(out_dir, f"{split}.{lang}"), [p[i] for p in pairs])
+
+
+def read_text_lines(path):
+    """Lines of a plain or gzipped file: (lines, number of lines with invalid UTF-8).
+
+    Only ``\\n`` ends a line; whitespace inside a line (``\\r``, tabs, ...) is collapsed
+    to single spaces so that every downstream tool sees the same line count.
+    """
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+    raw_lines = data.split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        raw_lines.pop()
+    lines, bad = [], 0
+    for raw in raw_lines:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text, bad = raw.decode("utf-8", errors="replace"), bad + 1
+        lines.append(" ".join(text.lstrip("\ufeff").split()))
+    return lines, bad
+
+
+def read_parallel(src_path, tgt_path):
+    """Aligned non-empty (src, tgt) pairs and a report of what was fixed or dropped."""
+    src, src_bad = read_text_lines(src_path)
+    tgt, tgt_bad = read_text_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(f"{tgt_path} has {len(tgt)} lines but {src_path} has {len(src)}: "
+                        "the files are not aligned")
+    pairs = [(s, t) for s, t in zip(src, tgt) if s and t]
+    report = {"lines": len(src), "kept": len(pairs), "dropped_empty": len(src) - len(pairs),
+              "non_utf8_lines": {src_path: src_bad, tgt_path: tgt_bad}}
+    return pairs, report
+
+
+# --------------------------------------------------------------------------------------
+# SentencePiece and fairseq-preprocess
+# --------------------------------------------------------------------------------------
+
+def train_sentencepiece(raw_dir, out_prefix, vocab_size, model_type="bpe", max_sentences=0):
+    """Train a joint SentencePiece model on ``train.en`` + ``train.de``; return the .model path."""
+    import sentencepiece as spm
+
+    inputs = [os.path.join(raw_dir, f"train.{lang}") for lang in LANGS]
+    os.makedirs(os.path.dirname(os.path.abspath(out_prefix)), exist_ok=True)
+    spm.SentencePieceTrainer.train(
+        input=",".join(inputs), model_prefix=out_prefix, vocab_size=vocab_size,
+        model_type=model_type, character_coverage=1.0, hard_vocab_limit=False,
+        input_sentence_size=max_sentences, shuffle_input_sentence=True,
+        num_threads=1, minloglevel=2,
+    )
+    return out_prefix + ".model"
+
+
+def encode_files(model_path, raw_dir, out_dir, splits=SPLITS):
+    """Write ``{split}.spm.{lang}`` piece files for every raw split; return their prefix map."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=model_path)
+    os.makedirs(out_dir, exist_ok=True)
+    for split in splits:
+        for lang in LANGS:
+            lines = read_lines(os.path.join(raw_dir, f"{split}.{lang}"))
+            pieces = sp.encode(lines, out_type=str)
+            _write_lines(os.path.join(out_dir, f"{split}.spm.{lang}"), [" ".join(p) for p in pieces])
+    return {split: os.path.join(out_dir, f"{split}.spm") for split in splits}
+
+
+def binarize(spm_dir, dest_dir, src="en", tgt="de", joined_dictionary=True, workers=1):
+    """Run ``fairseq-preprocess`` (same interpreter) on ``{train,valid,test}.spm.*``."""
+    cmd = [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt,
+           "--destdir", dest_dir, "--workers", str(workers)]
+    for split, flag in zip(SPLITS, ("--trainpref", "--validpref", "--testpref")):
+        cmd += [flag, os.path.join(spm_dir, f"{split}.spm")]
+    if joined_dictionary:
+        cmd.append("--joined-dictionary")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise DataError(f"fairseq-preprocess failed (exit {proc.returncode}):\n{tail}")
+    return dest_dir
+
+
+def _dict_size(path):
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for _ in f) + 4  # fairseq adds <s>, <pad>, </s>, <unk>
+
+
+DEFAULT_VOCAB = {"synthetic": 1000, "multi30k": 8000}
+
+
+def prepare_settings(corpus, vocab_size=None, seed=1, synthetic_sizes=None, model_type="bpe",
+                     raw_dir=None, download=False):
+    """The settings ``prepare`` records in ``prepare.json`` (used to detect stale data)."""
+    if corpus not in DEFAULT_VOCAB:
+        raise DataError(f"--corpus must be one of {sorted(DEFAULT_VOCAB)}, not {corpus!r}")
+    settings = {"corpus": corpus, "vocab_size": vocab_size or DEFAULT_VOCAB[corpus], "model_type": model_type}
+    if corpus == "synthetic":
+        settings.update(seed=seed, sizes=dict(synthetic_sizes or {}))
+    else:
+        settings.update(raw_dir=os.path.abspath(raw_dir) if raw_dir else None, download=download)
+    return settings
+
+
+def prepare(corpus, dest_dir, raw_dir=None, download=False, vocab_size=None, work_dir=None,
+            seed=1, synthetic_sizes=None, model_type="bpe"):
+    """Build raw text, SentencePiece and fairseq binaries for ``corpus``; return the summary.
+
+    Raw and piece files go to ``work_dir`` (default ``dest_dir/work``); ``dest_dir`` gets
+    the binaries, ``spm.model`` and ``prepare.json``.
+    """
+    from . import multi30k, synthetic_en_de  # the corpus modules build on this one
+
+    settings = prepare_settings(corpus, vocab_size, seed, synthetic_sizes, model_type, raw_dir, download)
+    vocab_size = settings["vocab_size"]
+    if vocab_size < 50:
+        raise DataError(f"--vocab-size {vocab_size} is too small (use at least 50)")
+    if corpus == "multi30k":
+        multi30k.check_multi30k_source(raw_dir, download)
+    os.makedirs(dest_dir, exist_ok=True)
+    if os.path.exists(os.path.join(dest_dir, "prepare.json")):
+        os.remove(os.path.join(dest_dir, "prepare.json"))  # marks dest_dir unfinished until the end
+    work_dir = work_dir or os.path.join(dest_dir, "work")
+    text_dir, spm_dir = os.path.join(work_dir, "raw"), os.path.join(work_dir, "spm")
+    _log(f"[1/4] writing raw {corpus} text to {text_dir}")
+    if corpus == "synthetic":
+        report = synthetic_en_de.make_synthetic_en_de(text_dir, seed=seed, **settings["sizes"])
+    else:
+        report = multi30k.load_multi30k(text_dir, raw_dir=raw_dir, download=download)
+    _log(f"[2/4] training a joint SentencePiece {model_type} model (vocab {vocab_size})")
+    model = train_sentencepiece(text_dir, os.path.join(spm_dir, "spm"), vocab_size, model_type)
+    _log("[3/4] encoding splits into pieces")
+    encode_files(model, text_dir, spm_dir)
+    _log(f"[4/4] fairseq-preprocess -> {dest_dir}")
+    binarize(spm_dir, dest_dir)
+    shutil.copyfile(model, os.path.join(dest_dir, "spm.model"))
+    summary = {
+        "settings": settings,
+        "counts": {split: _count_lines(os.path.join(text_dir, f"{split}.en")) for split in SPLITS},
+        "report": report,
+        "dictionary_size": _dict_size(os.path.join(dest_dir, "dict.de.txt")),
+        "dest_dir": os.path.abspath(dest_dir),
+        "raw_dir": os.path.abspath(text_dir),
+        "spm_dir": os.path.abspath(spm_dir),
+        "spm_model": os.path.abspath(os.path.join(dest_dir, "spm.model")),
+    }
+    with open(os.path.join(dest_dir, "prepare.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2, ensure_ascii=False)
+    return summary
+
+
+def prepared_settings(dest_dir):
+    """The ``settings`` recorded by a finished ``prepare`` in ``dest_dir``, or None."""
+    try:
+        with open(os.path.join(dest_dir, "prepare.json"), encoding="utf-8") as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return None
+    needed = ("dict.en.txt", "dict.de.txt", "train.en-de.en.bin", "test.en-de.de.bin", "spm.model")
+    if not all(os.path.exists(os.path.join(dest_dir, n)) for n in needed):
+        return None
+    return summary.get("settings")
+
+
+def _count_lines(path):
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def _log(message):
+    print(message, file=sys.stderr, flush=True)
+

@@ -1,0 +1,46 @@
+"""``fairseq-interactive`` dies on one invalid UTF-8 byte; replace it instead.
+
+Bug (fairseq 0.12): ``fairseq_cli.interactive.buffered_read`` decodes its input
+strictly, so one undecodable byte raises ``UnicodeDecodeError`` and the translations
+of every line around it are lost.
+
+Fix: undecodable bytes become U+FFFD (translated as ``<unk>``), with a warning per
+line. Standard input is switched to ``errors="replace"`` only when it is a real text
+stream that decodes bytes (``io.TextIOWrapper``: a terminal, a pipe, a file); any other
+``sys.stdin`` (the ``io.StringIO`` that code driving ``fairseq_cli.interactive.main``
+in-process installs, a notebook stream) already holds text and is read exactly as
+fairseq reads it.
+
+When it is no longer needed: ``printf 'a \\xff b\\n' | fairseq-interactive ...`` prints
+a translation with the patch uninstalled.
+"""
+
+import fileinput
+import logging
+import sys
+
+import fairseq_cli.interactive
+
+logger = logging.getLogger(__name__)
+
+
+def buffered_read(input, buffer_size):
+    """``fairseq_cli.interactive.buffered_read``, replacing invalid UTF-8 instead of failing."""
+    if input == "-" and callable(getattr(sys.stdin, "reconfigure", None)):
+        sys.stdin.reconfigure(errors="replace")  # fileinput reads "-" from sys.stdin as is
+    buffer = []
+    hook = fileinput.hook_encoded("utf-8", errors="replace")
+    with fileinput.input(files=[input], openhook=hook) as h:
+        for src_str in h:
+            if "\ufffd" in src_str:
+                logger.warning("input line %d is not valid UTF-8: undecodable bytes replaced", h.filelineno())
+            buffer.append(src_str.strip())
+            if len(buffer) >= buffer_size:
+                yield buffer
+                buffer = []
+    if buffer:
+        yield buffer
+
+
+def install():
+    fairseq_cli.interactive.buffered_read = buffered_read
