@@ -15,8 +15,12 @@ import torch
 import torch.nn.functional as F
 
 
-def attention(p, x_q, x_kv, heads, prev, key_pad, causal, residual, mode, n):
-    """One attention sub-layer. x_*: [B, L, C]; returns (out [B, T, C], A_n or None)."""
+def attention(p, x_q, x_kv, heads, prev, key_pad, causal, residual, mode, n, causal_offset=0):
+    """One attention sub-layer. x_*: [B, L, C]; returns (out [B, T, C], A_n or None).
+
+    ``n``: the number of layers in the running sum (mean mode divides by it);
+    ``causal_offset``: keys before the target positions that every query may see
+    (the encoder states of --cross-self-attention)."""
     B, T, C = x_q.shape
     S = x_kv.shape[1]
     d = C // heads
@@ -30,7 +34,7 @@ def attention(p, x_q, x_kv, heads, prev, key_pad, causal, residual, mode, n):
     if key_pad is not None:
         logits = logits.masked_fill(key_pad[:, None, None, :], float("-inf"))
     if causal:
-        future = torch.ones(T, S, dtype=torch.bool).triu(1)
+        future = torch.ones(T, S, dtype=torch.bool).triu(1 + causal_offset)
         logits = logits.masked_fill(future, float("-inf"))
     P = torch.softmax(logits, dim=-1)
     out = (P @ v).transpose(1, 2).reshape(B, T, C)
@@ -57,16 +61,19 @@ def _ffn(p, x):
     return F.linear(F.relu(F.linear(x, p["fc1.weight"], p["fc1.bias"])), p["fc2.weight"], p["fc2.bias"])
 
 
-def encoder(params, x, src_pad, layers, heads, paths, mode, pre_ln=False):
-    """x: embedded source [B, S, C] -> encoder states [B, S, C]."""
+def encoder(params, x, src_pad, layers, heads, paths, mode, pre_ln=False, kept=None):
+    """x: embedded source [B, S, C] -> encoder states [B, S, C].
+
+    ``kept``: the indices of the layers that run (layerdrop / --encoder-layers-to-keep);
+    the n-th layer that runs is layer n of the running sum."""
     prev = None
-    for i in range(layers):
+    for n, i in enumerate(range(layers) if kept is None else kept, start=1):
         p = _sub(params, f"encoder.layers.{i}.")
         res = "encoder" in paths
 
-        def self_attn(h, p=p, res=res, i=i):
+        def self_attn(h, p=p, res=res, n=n):
             nonlocal prev
-            out, A = attention(_sub(p, "self_attn."), h, h, heads, prev, src_pad, False, res, mode, i + 1)
+            out, A = attention(_sub(p, "self_attn."), h, h, heads, prev, src_pad, False, res, mode, n)
             prev = A
             return out
 
@@ -77,23 +84,32 @@ def encoder(params, x, src_pad, layers, heads, paths, mode, pre_ln=False):
     return x
 
 
-def decoder(params, y, enc, src_pad, layers, heads, paths, mode, pre_ln=False):
-    """y: embedded target prefix [B, T, C] -> features [B, T, C] (before the output projection)."""
+def decoder(params, y, enc, src_pad, layers, heads, paths, mode, pre_ln=False, kept=None,
+            cross_self=False):
+    """y: embedded target prefix [B, T, C] -> features [B, T, C] (before the output projection).
+
+    ``kept`` as in :func:`encoder`; ``cross_self``: fairseq's --cross-self-attention,
+    self-attention keys ``[encoder states; target prefix]``."""
     prev_self = prev_cross = None
-    for i in range(layers):
+    for n, i in enumerate(range(layers) if kept is None else kept, start=1):
         p = _sub(params, f"decoder.layers.{i}.")
 
-        def self_attn(h, p=p, i=i):
+        def self_attn(h, p=p, n=n):
             nonlocal prev_self
+            keys, pad, offset = h, None, 0
+            if cross_self:
+                keys, offset = torch.cat([enc, h], dim=1), enc.shape[1]
+                pad = torch.cat([src_pad, src_pad.new_zeros(h.shape[:2])], dim=1)
             out, prev_self = attention(
-                _sub(p, "self_attn."), h, h, heads, prev_self, None, True, "decoder" in paths, mode, i + 1
+                _sub(p, "self_attn."), h, keys, heads, prev_self, pad, True, "decoder" in paths, mode, n,
+                causal_offset=offset,
             )
             return out
 
-        def cross_attn(h, p=p, i=i):
+        def cross_attn(h, p=p, n=n):
             nonlocal prev_cross
             out, prev_cross = attention(
-                _sub(p, "encoder_attn."), h, enc, heads, prev_cross, src_pad, False, "cross" in paths, mode, i + 1
+                _sub(p, "encoder_attn."), h, enc, heads, prev_cross, src_pad, False, "cross" in paths, mode, n
             )
             return out
 

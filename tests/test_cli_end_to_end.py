@@ -51,9 +51,11 @@ def test_interactive_translates_stdin(data_bin, trained):
 
 
 def test_layerdrop_trains_and_generates(data_bin, tmp_path):
+    """Layerdrop training in mean mode, then a pruned model (the running mean over the
+    layers kept is tested exactly in test_fidelity_options.py)."""
     run(
         "fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
-        "--encoder-layerdrop", 0.5, "--decoder-layerdrop", 0.5, "--max-update", 10,
+        "--residual-attention-mode", "mean", "--encoder-layerdrop", 0.5, "--decoder-layerdrop", 0.5, "--max-update", 10,
         "--save-dir", tmp_path, *TINY_FLAGS,
     )
     proc = run(

@@ -9,6 +9,7 @@ from conftest import batch, build
 
 CONFIGS = [
     dict(),
+    dict(residual_attention_kernel="fused", residual_attention_mode="mean"),
     dict(residual_attention_mode="mean"),
     dict(residual_attention_paths="decoder"),
     dict(residual_attention_paths="cross"),
@@ -58,14 +59,16 @@ def test_incremental_matches_full_pass_after_beam_reorder(dictionary, overrides)
     assert (incremental - full).abs().max() < 1e-5
 
 
-def test_only_current_step_rows_flow_between_layers(dictionary):
-    """In cached decoding each layer hands on [B, H, 1, S] rows, never the whole history."""
-    model = build(dictionary=dictionary)
+@pytest.mark.parametrize("kernel", ["auto", "fused"])
+def test_only_current_step_rows_flow_between_layers(dictionary, kernel):
+    """In cached decoding each layer hands on [B, H, 1, S] rows, never the whole history,
+    whatever the kernel setting (cached steps always run the materialized kernel)."""
+    model = build(dictionary=dictionary, residual_attention_kernel=kernel)
     src, lengths, tgt = batch(dictionary)
     seen = []
     for layer in model.decoder.layers:
-        layer.self_attn.register_forward_hook(lambda m, i, o: seen.append(("self", tuple(o[2].shape))))
-        layer.encoder_attn.register_forward_hook(lambda m, i, o: seen.append(("cross", tuple(o[2].shape))))
+        layer.self_attn.register_forward_hook(lambda m, i, o: seen.append(("self", tuple(o[2].scores.shape))))
+        layer.encoder_attn.register_forward_hook(lambda m, i, o: seen.append(("cross", tuple(o[2].scores.shape))))
     state = {}
     with torch.no_grad():
         enc = model.encoder(src, lengths)

@@ -8,6 +8,7 @@ import paper_reference as ref
 from conftest import batch, build
 
 PATH_SETS = ["encoder", "decoder", "cross", "encoder,decoder,cross", "none"]
+KERNELS = ["materialized", "fused", "auto"]
 
 
 def reference_logits(model, src, tgt, paths, mode, pre_ln=False):
@@ -23,10 +24,14 @@ def reference_logits(model, src, tgt, paths, mode, pre_ln=False):
     return enc, feats @ dec_m.output_projection.weight.t()
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 @pytest.mark.parametrize("paths", PATH_SETS)
-def test_model_matches_paper_formula(dictionary, paths, mode):
-    model = build(dictionary=dictionary, residual_attention_paths=paths, residual_attention_mode=mode)
+def test_model_matches_paper_formula(dictionary, paths, mode, kernel):
+    """In training mode (dropout is 0 here) every path runs the chosen kernel; in
+    eval mode fairseq asks every cross-attention for weights, which materializes."""
+    model = build(dictionary=dictionary, residual_attention_paths=paths, residual_attention_mode=mode,
+                  residual_attention_kernel=kernel).train()
     src, lengths, tgt = batch(dictionary)
     want_paths = set() if paths == "none" else set(paths.split(","))
     with torch.no_grad():
@@ -39,10 +44,12 @@ def test_model_matches_paper_formula(dictionary, paths, mode):
     assert (logits - want_logits).abs().max() < 1e-5
 
 
-def test_pre_ln_backbone_matches_paper_formula(dictionary):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_pre_ln_backbone_matches_paper_formula(dictionary, kernel):
     model = build(
         dictionary=dictionary, encoder_normalize_before=True, decoder_normalize_before=True,
-    )
+        residual_attention_kernel=kernel,
+    ).train()
     src, lengths, tgt = batch(dictionary)
     with torch.no_grad():
         logits, _ = model(src, lengths, tgt)
@@ -69,10 +76,11 @@ def test_mean_mode_differs_from_sum(dictionary):
     assert (s - m).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("mode", ["sum", "mean"])
-def test_gradients_match_paper_formula(dictionary, mode):
+def test_gradients_match_paper_formula(dictionary, mode, kernel):
     """Training sees the same gradients as the formula written out (dropout off)."""
-    model = build(dictionary=dictionary, residual_attention_mode=mode).train()
+    model = build(dictionary=dictionary, residual_attention_mode=mode, residual_attention_kernel=kernel).train()
     src, lengths, tgt = batch(dictionary)
     model(src, lengths, tgt)[0].pow(2).mean().backward()
     got = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -82,3 +90,17 @@ def test_gradients_match_paper_formula(dictionary, mode):
     for name, p in model.named_parameters():
         assert (got[name] - p.grad).abs().max() < 1e-5, name
     assert len(got) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_padded_targets_match_paper_formula(dictionary, kernel):
+    """Right-padded targets (fairseq's batches) put a padding mask on the decoder self
+    path next to the causal mask; every real target position matches the formula."""
+    model = build(dictionary=dictionary, residual_attention_mode="mean", residual_attention_kernel=kernel).train()
+    src, lengths, tgt = batch(dictionary)
+    tgt[0, -2:] = dictionary.pad()
+    with torch.no_grad():
+        logits, _ = model(src, lengths, tgt)
+        _, want = reference_logits(model, src, tgt, {"encoder", "decoder", "cross"}, "mean")
+    real = tgt.ne(dictionary.pad())
+    assert (logits - want)[real].abs().max() < 1e-5

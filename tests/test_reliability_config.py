@@ -24,9 +24,11 @@ def assert_one_line_error(proc, *words):
         (["--residual-attention-paths", "none,cross"], ["--residual-attention-paths", "'none'"]),
         (["--residual-attention-mode", "max"], ["--residual-attention-mode", "'max'"]),
         (["--residual-attention-paths", "cross", "--no-cross-attention"], ["cross", "--no-cross-attention"]),
-        (["--cross-self-attention"], ["--cross-self-attention"]),
+        (["--residual-attention-kernel", "flash"], ["--residual-attention-kernel", "'flash'"]),
+        (["--base-layers", "1"], ["--base-layers", "mixture-of-experts"]),
     ],
-    ids=["unknown-path", "empty-paths", "none-with-others", "unknown-mode", "cross-without-cross-attention", "cross-self-attention"],
+    ids=["unknown-path", "empty-paths", "none-with-others", "unknown-mode", "cross-without-cross-attention",
+         "unknown-kernel", "base-layers"],
 )
 def test_bad_flags_fail_with_one_clear_line(data_bin, tmp_path, flags, expected):
     proc = run(

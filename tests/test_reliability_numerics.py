@@ -7,7 +7,7 @@ import torch
 
 from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler
 
-from realformer_nmt.modules import ResidualMultiheadAttention
+from realformer_nmt.modules import ResidualMultiheadAttention, ResidualState
 
 from conftest import BIN, USER_DIR, batch, build, cli_env
 
@@ -20,7 +20,7 @@ def collect_scores(model):
     scores = []
     for m in model.modules():
         if isinstance(m, ResidualMultiheadAttention):
-            m.register_forward_hook(lambda mod, inp, out: scores.append(out[2]))
+            m.register_forward_hook(lambda mod, inp, out: scores.append(out[2].running_sum()))
     return scores
 
 
@@ -42,7 +42,7 @@ def test_running_sum_does_not_overflow_where_fp16_would():
     sum kept in fp16 becomes inf; ours (float32) stays finite."""
     torch.manual_seed(0)
     layers = [
-        ResidualMultiheadAttention(16, 2, self_attention=True, residual=True, layer_number=n + 1).half()
+        ResidualMultiheadAttention(16, 2, self_attention=True, residual=True, kernel="materialized").half()
         for n in range(48)
     ]
     for m in layers:
@@ -50,12 +50,13 @@ def test_running_sum_does_not_overflow_where_fp16_would():
             m.q_proj.weight.fill_(1.5), m.k_proj.weight.fill_(1.5)
             m.q_proj.bias.zero_(), m.k_proj.bias.zero_()
     x = torch.ones(4, 1, 16, dtype=torch.float16)
-    prev, fp16_sum = None, torch.zeros(1, 2, 4, 4, dtype=torch.float16)
+    state, fp16_sum = None, torch.zeros(1, 2, 4, 4, dtype=torch.float16)
     with torch.no_grad():
         for m in layers:
-            before = 0 if prev is None else prev
-            out, _, prev = m(x, x, x, prev_scores=prev)
-            fp16_sum = fp16_sum + (prev - before).half()  # this layer's own logits
+            before = 0 if state is None else state.scores
+            out, _, state = m(x, x, x, prev_state=state)
+            fp16_sum = fp16_sum + (state.scores - before).half()  # this layer's own logits
+    prev = state.scores
     assert torch.isinf(fp16_sum).all()  # what an fp16 running sum would have done
     assert torch.isfinite(prev).all() and prev.min() > 65504
     assert torch.isfinite(out).all()

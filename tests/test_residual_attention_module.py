@@ -1,19 +1,21 @@
-"""The attention module alone: what it returns, where masks go, sum vs mean."""
+"""The attention module alone: what it returns, where masks go, sum vs mean, and that
+every kernel computes the same thing."""
 
 import math
 
 import pytest
 import torch
 
-from realformer_nmt.modules import ResidualMultiheadAttention
+from realformer_nmt.modules import ResidualMultiheadAttention, ResidualState
 
 B, H, T, C = 2, 4, 5, 16
+KERNELS = ["materialized", "fused"]
 
 
-def module(mode="sum", layer_number=1, **kw):
+def module(mode="sum", kernel="materialized", **kw):
     torch.manual_seed(0)
     return ResidualMultiheadAttention(
-        C, H, self_attention=True, residual=True, mode=mode, layer_number=layer_number, **kw
+        C, H, self_attention=True, residual=True, mode=mode, kernel=kernel, **kw
     ).eval()
 
 
@@ -39,56 +41,168 @@ def test_returns_unmasked_running_sum(x):
     pad[0, :2] = True
     causal = torch.full((T, T), float("-inf")).triu(1)
     with torch.no_grad():
-        _, _, scores = m(x, x, x, key_padding_mask=pad, attn_mask=causal, prev_scores=prev)
+        _, _, state = m(x, x, x, key_padding_mask=pad, attn_mask=causal, prev_state=ResidualState.of_scores(prev))
+    scores = state.scores
     assert scores.shape == (B, H, T, T) and scores.dtype == torch.float32
     assert torch.isfinite(scores).all()  # masks are not accumulated
     assert (scores - (raw_scores(m, x) + prev)).abs().max() < 1e-5
+    assert state.terms == 2
 
 
 @pytest.mark.parametrize("mode,n", [("sum", 3), ("mean", 3), ("mean", 1)])
 def test_probabilities_are_softmax_of_masked_sum_over_c_n(x, mode, n):
-    m = module(mode, layer_number=n)
+    """c_n is the number of layers in the sum: the previous state's count plus one."""
+    m = module(mode)
     prev = torch.randn(B, H, T, T)
     pad = torch.zeros(B, T, dtype=torch.bool)
     pad[1, 0] = True
+    state = ResidualState.of_scores(prev, terms=n - 1) if n > 1 else None
     with torch.no_grad():
-        _, probs, _ = m(x, x, x, key_padding_mask=pad, prev_scores=prev, need_head_weights=True)
+        _, probs, _ = m(x, x, x, key_padding_mask=pad, prev_state=state, need_head_weights=True)
     c_n = n if mode == "mean" else 1
-    logits = ((raw_scores(m, x) + prev) / c_n).masked_fill(pad[:, None, None, :], float("-inf"))
+    total = raw_scores(m, x) + (prev if n > 1 else 0)
+    logits = (total / c_n).masked_fill(pad[:, None, None, :], float("-inf"))
     want = torch.softmax(logits, -1).transpose(0, 1)  # fairseq's [H, B, T, S]
     assert (probs - want).abs().max() < 1e-6
 
 
-def test_off_path_module_is_fairseqs_and_refuses_scores(x):
+def stack(kernel, mode, layers=4):
+    torch.manual_seed(0)
+    return [ResidualMultiheadAttention(C, H, self_attention=True, residual=True, mode=mode, kernel=kernel)
+            for _ in range(layers)]
+
+
+def run_stack(mods, x, **kw):
+    state, outs = None, []
+    for m in mods:
+        out, _, state = m(x, x, x, prev_state=state, need_weights=False, **kw)
+        outs.append(out)
+        x = out
+    return torch.stack(outs), state
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("masks", ["none", "padding", "causal", "causal+padding", "fully-padded-row"])
+def test_fused_kernel_equals_materialized(x, mode, masks):
+    """Forward values everywhere, and gradients of a loss over the real (non-padded)
+    query positions, as fairseq's criteria compute it, for a 4-layer stack. (A row whose
+    every allowed key is padding has no defined gradient: materialized passes none,
+    SDPA that of a uniform softmax; no loss ever reads such a row.)"""
+    pad = attn_mask = None
+    if "padding" in masks or masks == "fully-padded-row":
+        pad = torch.zeros(B, T, dtype=torch.bool)
+        pad[0, :2] = True
+        pad[1, -1] = True
+        if masks == "fully-padded-row":
+            pad[1] = True
+    if "causal" in masks:
+        attn_mask = torch.full((T, T), float("-inf")).triu(1)
+    results = {}
+    for kernel in KERNELS:
+        mods = stack(kernel, mode)
+        xin = x.clone().requires_grad_(True)
+        outs, state = run_stack(mods, xin, key_padding_mask=pad, attn_mask=attn_mask)
+        assert state.fused == (kernel == "fused") and state.terms == len(mods)
+        real = torch.ones(T, B) if pad is None else (~pad).t().float()
+        (outs.pow(2) * real[None, :, :, None]).sum().backward()
+        results[kernel] = (outs.detach(), state.running_sum().detach(), xin.grad,
+                           [p.grad for m in mods for p in m.parameters()])
+    (o1, s1, g1, p1), (o2, s2, g2, p2) = results.values()
+    assert torch.isfinite(o1).all()
+    assert (o1 - o2).abs().max() < 1e-5
+    assert (s1 - s2).abs().max() < 1e-4
+    assert (g1 - g2).abs().max() < 1e-5
+    assert max((a - b).abs().max().item() for a, b in zip(p1, p2)) < 1e-5
+
+
+def test_fused_state_switches_to_materialized_when_weights_are_requested(x):
+    """Weights need the probabilities: that call materializes A_n = Q K^T once, and
+    the rest of the path continues materialized with the same values."""
+    fused, ref = stack("fused", "mean", 3), stack("materialized", "mean", 3)
+    with torch.no_grad():
+        s_f = s_r = None
+        for i, (mf, mr) in enumerate(zip(fused, ref)):
+            need = i == 1
+            of, wf, s_f = mf(x, x, x, prev_state=s_f, need_weights=need)
+            orf, wr, s_r = mr(x, x, x, prev_state=s_r, need_weights=need)
+            assert s_f.fused == (i == 0)
+            assert (of - orf).abs().max() < 1e-5
+            if need:
+                assert (wf - wr).abs().max() < 1e-6
+        assert (s_f.scores - s_r.scores).abs().max() < 1e-4
+
+
+def test_auto_kernel_computes_the_same_function(x):
+    with torch.no_grad():
+        a, _ = run_stack(stack("auto", "mean"), x)
+        m, _ = run_stack(stack("materialized", "mean"), x)
+    assert (a - m).abs().max() < 1e-5
+
+
+def test_off_path_module_is_fairseqs_and_refuses_a_state(x):
     m = ResidualMultiheadAttention(C, H, self_attention=True, residual=False)
     with torch.no_grad():
-        out, _, scores = m(x, x, x)
-    assert scores is None and out.shape == (T, B, C)
+        out, _, state = m(x, x, x)
+    assert state is None and out.shape == (T, B, C)
     with pytest.raises(ValueError, match="not on a residual path"):
-        m(x, x, x, prev_scores=torch.zeros(B, H, T, T))
+        m(x, x, x, prev_state=ResidualState.of_scores(torch.zeros(B, H, T, T)))
 
 
-def test_wrong_prev_shape_is_an_error(x):
-    with pytest.raises(ValueError, match=r"expected \(2, 4, 5, 5\)"):
-        module()(x, x, x, prev_scores=torch.zeros(B, H, T, T + 1))
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_wrong_prev_shape_is_an_error(x, kernel):
+    m = module(kernel=kernel)
+    prev = ResidualState.of_scores(torch.zeros(B, H, T, T + 1))
+    if kernel == "fused":
+        prev = ResidualState(queries=torch.zeros(B, H, T, 4), keys=torch.zeros(B, H, T + 1, 4), terms=1)
+    with pytest.raises(ValueError, match="expected"):
+        m(x, x, x, prev_state=prev)
 
 
-def test_fully_padded_row_gives_no_nan(x):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fully_padded_row_gives_no_nan(x, kernel):
     pad = torch.zeros(B, T, dtype=torch.bool)
     pad[0] = True
     with torch.no_grad():
-        out, _, scores = module()(x, x, x, key_padding_mask=pad)
-    assert torch.isfinite(out).all() and torch.isfinite(scores).all()
+        out, _, state = module(kernel=kernel)(x, x, x, key_padding_mask=pad, need_weights=False)
+    assert torch.isfinite(out).all() and torch.isfinite(state.running_sum()).all()
 
 
-def test_unknown_mode_is_rejected():
+def test_unknown_mode_and_kernel_are_rejected():
     with pytest.raises(ValueError, match="mode"):
         module(mode="max")
+    with pytest.raises(ValueError, match="kernel"):
+        module(kernel="flash")
 
 
-def test_gradients_flow_through_the_residual(x):
-    m = module().train()
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_gradients_flow_through_the_residual(x, kernel):
+    m = module(kernel=kernel).train()
     prev = torch.randn(B, H, T, T, requires_grad=True)
-    out, _, scores = m(x, x, x, prev_scores=prev)
-    (out.sum() + scores.sum()).backward()
+    state = ResidualState.of_scores(prev)
+    if kernel == "fused":
+        q, k = torch.randn(B, H, T, 4, requires_grad=True), torch.randn(B, H, T, 4, requires_grad=True)
+        state, prev = ResidualState(queries=q, keys=k, terms=1), q
+    out, _, new = m(x, x, x, prev_state=state, need_weights=False)
+    (out.sum() + new.running_sum().sum()).backward()
     assert prev.grad is not None and prev.grad.abs().sum() > 0
+
+
+def test_fused_kernel_stores_no_t_by_s_tensor():
+    """Autograd keeps nothing of size T x S for the fused kernel (only Q, K, V, the
+    output and SDPA's per-row statistics), while the materialized kernel keeps scores."""
+    T_long = 64
+    xin = torch.randn(T_long, 1, C, requires_grad=True)
+    biggest = {}
+    for kernel in KERNELS:
+        saved = []
+
+        def pack(t, saved=saved):
+            saved.append(t.numel())
+            return t
+
+        mods = stack(kernel, "sum", 3)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            run_stack(mods, xin)
+        biggest[kernel] = max(saved)
+    assert biggest["materialized"] >= H * T_long * T_long
+    assert biggest["fused"] < T_long * T_long

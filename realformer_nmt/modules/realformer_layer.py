@@ -1,9 +1,10 @@
-"""Transformer layers that thread residual attention scores, and nothing else.
+"""Transformer layers that thread the residual attention state, and nothing else.
 
 They are fairseq's ``TransformerEncoderLayerBase`` / ``TransformerDecoderLayerBase``
 (same sub-modules, parameter names and Post-LN/Pre-LN switch) whose attention
 modules are :class:`ResidualMultiheadAttention`. ``forward`` takes the previous
-layer's scores for each path and returns this layer's next to the hidden states.
+layer's :class:`ResidualState` for each path and returns this layer's next to the
+hidden states.
 """
 
 from typing import Dict, List, Optional
@@ -18,7 +19,7 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
-from .residual_attention import ResidualMultiheadAttention
+from .residual_attention import ResidualMultiheadAttention, ResidualState
 
 
 def wrap_layer(layer, cfg):
@@ -65,11 +66,11 @@ def feed_forward(layer, x: Tensor) -> Tensor:
 
 
 class RealFormerEncoderLayer(TransformerEncoderLayerBase):
-    """Encoder layer: ``(x, prev_scores) -> (x, scores)`` on the encoder self path."""
+    """Encoder layer: ``(x, prev_state) -> (x, state)`` on the encoder self path."""
 
-    def __init__(self, cfg, residual: bool = False, mode: str = "sum", layer_number: int = 1):
+    def __init__(self, cfg, residual: bool = False, mode: str = "sum", kernel: str = "auto"):
         # read by build_self_attention, which fairseq's __init__ calls
-        self._residual_args = dict(residual=residual, mode=mode, layer_number=layer_number)
+        self._residual_args = dict(residual=residual, mode=mode, kernel=kernel)
         super().__init__(cfg)
 
     def build_self_attention(self, embed_dim, cfg):
@@ -83,10 +84,10 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
         x: Tensor,
         encoder_padding_mask: Optional[Tensor],
         attn_mask: Optional[Tensor] = None,
-        prev_scores: Optional[Tensor] = None,
+        prev_state: Optional[ResidualState] = None,
     ):
-        """``x``: ``[T, B, C]``; ``prev_scores``: ``[B, H, T, T]`` or None.
-        Returns ``(x, scores)``; scores is None off the residual path."""
+        """``x``: ``[T, B, C]``; ``prev_state``: the previous layer's state or None.
+        Returns ``(x, state)``; state is None off the residual path."""
         if attn_mask is not None:
             # fairseq's convention: 1 = masked, turned into a large finite negative
             attn_mask = attn_mask.masked_fill(
@@ -95,25 +96,30 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
         residual = x
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        x, _, scores = self.self_attn(
+        x, _, state = self.self_attn(
             query=x,
             key=x,
             value=x,
             key_padding_mask=encoder_padding_mask,
             need_weights=False,
             attn_mask=attn_mask,
-            prev_scores=prev_scores,
+            prev_state=prev_state,
         )
         x = self.dropout_module(x)
         x = self.residual_connection(x, residual)
         if not self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        return feed_forward(self, x), scores
+        return feed_forward(self, x), state
 
 
 class RealFormerDecoderLayer(TransformerDecoderLayerBase):
-    """Decoder layer: two paths, ``prev_self_scores`` and ``prev_cross_scores`` in,
-    this layer's ``self_scores`` and ``cross_scores`` out."""
+    """Decoder layer: two paths, ``prev_self_state`` and ``prev_cross_state`` in, this
+    layer's ``self_state`` and ``cross_state`` out.
+
+    With ``--cross-self-attention`` the self-attention keys of every layer are
+    ``[encoder output; decoder prefix]`` (fairseq's rule), the same key set at every
+    layer, so the decoder path's scores line up across layers as usual.
+    """
 
     def __init__(
         self,
@@ -122,16 +128,16 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
         self_residual: bool = False,
         cross_residual: bool = False,
         mode: str = "sum",
-        layer_number: int = 1,
+        kernel: str = "auto",
     ):
-        self._self_residual_args = dict(residual=self_residual, mode=mode, layer_number=layer_number)
-        self._cross_residual_args = dict(residual=cross_residual, mode=mode, layer_number=layer_number)
+        self._self_residual_args = dict(residual=self_residual, mode=mode, kernel=kernel)
+        self._cross_residual_args = dict(residual=cross_residual, mode=mode, kernel=kernel)
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         return build_attention(
             self, embed_dim, cfg, cfg.decoder.attention_heads, cfg.decoder.xformers_att_config,
-            self._self_residual_args, self_attention=True,
+            self._self_residual_args, self_attention=not cfg.cross_self_attention,
             add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn,
         )
 
@@ -154,13 +160,13 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
         self_attn_padding_mask: Optional[Tensor] = None,
         need_attn: bool = False,
         need_head_weights: bool = False,
-        prev_self_scores: Optional[Tensor] = None,
-        prev_cross_scores: Optional[Tensor] = None,
+        prev_self_state: Optional[ResidualState] = None,
+        prev_cross_state: Optional[ResidualState] = None,
     ):
-        """As fairseq's decoder layer, plus the two score paths.
+        """As fairseq's decoder layer, plus the two residual paths.
 
-        ``self_attn_padding_mask`` is ``[B, S]`` over all self-attention keys (cached
-        ones included). Returns ``(x, attn, self_attn_state, self_scores, cross_scores)``.
+        ``self_attn_padding_mask`` is ``[B, T]`` over all target positions (cached ones
+        included). Returns ``(x, attn, self_attn_state, self_state, cross_state)``.
         """
         if need_head_weights:
             need_attn = True
@@ -170,15 +176,20 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
             x = self.self_attn_layer_norm(x)
         if prev_self_attn_state is not None:
             _restore_attn_state(self.self_attn, incremental_state, prev_self_attn_state)
-        x, _, self_scores = self.self_attn(
+        y = x
+        if self.cross_self_attention:
+            y, self_attn_mask, self_attn_padding_mask = self._cross_self_keys(
+                x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask, self_attn_padding_mask
+            )
+        x, _, self_state = self.self_attn(
             query=x,
-            key=x,
-            value=x,
+            key=y,
+            value=y,
             key_padding_mask=self_attn_padding_mask,
             incremental_state=incremental_state,
             need_weights=False,
             attn_mask=self_attn_mask,
-            prev_scores=prev_self_scores,
+            prev_state=prev_self_state,
         )
         if self.c_attn is not None:
             tgt_len, bsz = x.size(0), x.size(1)
@@ -193,14 +204,14 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
             x = self.self_attn_layer_norm(x)
 
         attn: Optional[Tensor] = None
-        cross_scores: Optional[Tensor] = None
+        cross_state: Optional[ResidualState] = None
         if self.encoder_attn is not None and encoder_out is not None:
             residual = x
             if self.normalize_before:
                 x = self.encoder_attn_layer_norm(x)
             if prev_attn_state is not None:
                 _restore_attn_state(self.encoder_attn, incremental_state, prev_attn_state)
-            x, attn, cross_scores = self.encoder_attn(
+            x, attn, cross_state = self.encoder_attn(
                 query=x,
                 key=encoder_out,
                 value=encoder_out,
@@ -209,7 +220,7 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
                 static_kv=True,
                 need_weights=need_attn or (not self.training and self.need_attn),
                 need_head_weights=need_head_weights,
-                prev_scores=prev_cross_scores,
+                prev_state=prev_cross_state,
             )
             x = self.dropout_module(x)
             x = self.residual_connection(x, residual)
@@ -224,7 +235,26 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
             self_attn_state = [saved["prev_key"], saved["prev_value"]]
             if self_attn_padding_mask is not None:
                 self_attn_state.append(saved["prev_key_padding_mask"])
-        return x, attn, self_attn_state, self_scores, cross_scores
+        return x, attn, self_attn_state, self_state, cross_state
+
+    def _cross_self_keys(self, x, encoder_out, encoder_padding_mask, incremental_state,
+                         self_attn_mask, self_attn_padding_mask):
+        """fairseq's ``--cross-self-attention`` keys ``[encoder output; x]``, masks widened
+        to match. The padding mask covers every key, cached ones included (the decoder
+        always passes the target part with this option); once the cache holds the
+        encoder part, only the new target step is passed as key, as in fairseq."""
+        assert encoder_out is not None, "--cross-self-attention needs an encoder output"
+        assert self_attn_padding_mask is not None, "the decoder passes the target padding mask"
+        enc_pad = encoder_padding_mask
+        if enc_pad is None:
+            enc_pad = self_attn_padding_mask.new_zeros(encoder_out.size(1), encoder_out.size(0))
+        self_attn_padding_mask = torch.cat((enc_pad.to(self_attn_padding_mask.dtype), self_attn_padding_mask), dim=1)
+        buffer = self.self_attn._get_input_buffer(incremental_state)
+        if incremental_state is not None and "prev_key" in buffer:
+            return x, self_attn_mask, self_attn_padding_mask  # the encoder part is cached
+        if self_attn_mask is not None:
+            self_attn_mask = torch.cat((x.new_zeros(x.size(0), encoder_out.size(0)), self_attn_mask), dim=1)
+        return torch.cat((encoder_out, x), dim=0), self_attn_mask, self_attn_padding_mask
 
 
 def _restore_attn_state(attn_module, incremental_state, state: List[Tensor]):

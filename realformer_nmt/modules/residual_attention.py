@@ -1,23 +1,48 @@
 """RealFormer's residual attention, as one extension of fairseq's MultiheadAttention.
 
-Layer n of a path adds its raw scores to the running sum handed over by layer n-1
-and attends with the softmax of that sum (He et al., 2021, eq. 3)::
+Layer n of a path adds its raw scores to the running sum handed over by the previous
+layer of the path and attends with the softmax of that sum (He et al., 2021, eq. 3)::
 
     A_n = Q_n K_n^T / sqrt(d_head) + A_{n-1}          [B, H, T, S]
     P_n = softmax(mask(A_n / c_n)),  c_n = 1 (sum) or n (mean)
     out = P_n V_n
 
-The *unmasked* running sum ``A_n`` is what goes on to layer n+1, as in the official
-reference (google-research ``realformer/realformer.py``): masks are applied after
-the residual is added, never accumulated.
+``n`` counts the layers whose scores are in the sum: a layer skipped by layerdrop adds
+nothing and is not counted, so training with layerdrop, a pruned model
+(``--*-layers-to-keep``) and the full model all compute the paper's running mean.
 
-Everything RealFormer-specific about attention lives in this file: the sum/mean
-rule, where masks go, the dtype of the running sum, and the choice of kernel.
+The *unmasked* running sum ``A_n`` is what goes on to the next layer, as in the official
+reference (google-research ``realformer/realformer.py``): masks are applied after the
+residual is added, never accumulated.
+
+Everything RealFormer-specific about attention lives in this file: the sum/mean rule,
+where masks go, the dtype of the running sum, and the choice of kernel.
+
+Kernels (``--residual-attention-kernel``); all compute the same function:
+
+* ``materialized``: the running sum is a ``[B, H, T, S]`` float32 tensor handed from layer
+  to layer (fp16/bf16 logits are summed in float32: 48 layers of fp16 logits overflow).
+* ``fused``: since ``A_n = sum_i Q_i K_i^T / sqrt(d) = [Q_1 .. Q_n] [K_1 .. K_n]^T / sqrt(d)``,
+  the path carries the projected queries and keys of every layer side by side
+  (``[B, H, T, n*d]``, ``[B, H, S, n*d]``) and layer n is one call of PyTorch's
+  ``scaled_dot_product_attention`` (SDPA) with query/key head dim ``n*d``: no ``T x S``
+  score or probability tensor is ever stored. The sum over layers is part of the
+  kernel's dot product, accumulated in float32 by SDPA's fused kernels (flash /
+  memory-efficient) whatever the input dtype. On CPU, PyTorch's fused kernel needs equal
+  query and value head dims, so values are zero-padded to ``n*d`` there.
+* ``auto`` (default): per layer and call, :func:`auto_kernel` (the rule and the
+  measurements behind it are written there).
+
+Calls that need ``T x S`` tensors anyway use ``materialized`` whatever the setting:
+cached decoding (one query row per step: only that row of scores flows between layers,
+which is cheap) and calls that return attention weights (``--print-alignment``, analysis).
+A path can go from fused to materialized (``A_n = Q K^T`` is formed once), never back.
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from fairseq import utils
@@ -29,6 +54,73 @@ KERNELS = ("auto", "materialized", "fused")
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
+class ResidualState(NamedTuple):
+    """What one layer of a residual path hands to the same module of the next layer.
+
+    Exactly one representation of the running sum ``A_n`` is set:
+
+    * ``scores``: ``[B, H, T, S]`` float32, ``A_n`` itself (materialized kernel; in cached
+      decoding only the current step's rows, ``T = 1``);
+    * ``queries``, ``keys``: ``[B, H, T, n*d]`` and ``[B, H, S, n*d]``, the projected
+      queries (scaled by ``1/sqrt(d)``) and keys of the layers in the sum side by side, so
+      that ``A_n = queries @ keys^T`` (fused kernel).
+
+    ``terms``: ``n``, the number of layers whose scores are in the sum (the divisor
+    ``c_n`` of mean mode).
+    """
+
+    scores: Optional[Tensor] = None
+    queries: Optional[Tensor] = None
+    keys: Optional[Tensor] = None
+    terms: int = 0
+
+    @classmethod
+    def of_scores(cls, scores: Tensor, terms: int = 1) -> "ResidualState":
+        """A materialized state: ``scores`` is the running sum of ``terms`` layers."""
+        return cls(scores=scores, terms=terms)
+
+    @property
+    def fused(self) -> bool:
+        return self.scores is None
+
+    def running_sum(self) -> Tensor:
+        """``A_n`` as a float32 ``[B, H, T, S]`` tensor, whichever kernel produced it."""
+        if self.scores is not None:
+            return self.scores
+        return torch.matmul(self.queries.float(), self.keys.float().transpose(-1, -2))
+
+
+def auto_kernel(*, device: torch.device, training_dropout: bool, tgt_len: int, src_len: int,
+                terms: int) -> str:
+    """The kernel ``auto`` runs for layer ``terms`` of a path, on a full (uncached) pass.
+
+    Measured with ``python -m realformer_nmt.experiments.kernel_timing`` (attention alone,
+    forward + backward, B=8, H=8, d=64, float32; see ``results/kernel_timing_cpu.json``):
+
+    * CPU: PyTorch's fused CPU kernel has no attention dropout; with dropout SDPA falls
+      back to its unfused math kernel, which is slower than ours: materialized.
+      Without dropout, fused wins at every measured length and depth up to
+      ``FUSED_MAX_TERMS_CPU`` layers (its cost grows with the layer number, the
+      materialized cost does not), so later layers switch to materialized.
+    * CUDA: fused (flash / memory-efficient kernels, dropout included) while the
+      query/key head dim ``n*d`` stays within what those kernels take
+      (``FUSED_MAX_TERMS_CUDA``), materialized beyond.
+    """
+    if device.type == "cuda":
+        return "fused" if terms <= FUSED_MAX_TERMS_CUDA else "materialized"
+    if training_dropout:
+        return "materialized"
+    if max(tgt_len, src_len) < FUSED_MIN_LEN_CPU:
+        return "materialized"
+    return "fused" if terms <= FUSED_MAX_TERMS_CPU else "materialized"
+
+
+# Thresholds of the ``auto`` rule (see ``auto_kernel``).
+FUSED_MAX_TERMS_CPU = 6
+FUSED_MIN_LEN_CPU = 1
+FUSED_MAX_TERMS_CUDA = 4
+
+
 class ResidualMultiheadAttention(MultiheadAttention):
     """fairseq ``MultiheadAttention`` that threads RealFormer's residual scores.
 
@@ -37,38 +129,31 @@ class ResidualMultiheadAttention(MultiheadAttention):
     transformer checkpoints load unchanged.
 
     Args (beyond fairseq's):
-        residual: this module is on a residual path: it adds ``prev_scores`` and
-            returns its own scores. Off, it is exactly fairseq's module (same
-            kernels, fused where fairseq fuses) and returns ``None`` scores.
-        mode: ``"sum"`` or ``"mean"`` (divide the sum by ``layer_number``
+        residual: this module is on a residual path: it adds the previous layer's
+            running sum and returns its own. Off, it is exactly fairseq's module (same
+            kernels, fused where fairseq fuses) and returns a ``None`` state.
+        mode: ``"sum"`` or ``"mean"`` (divide the sum by the number of layers in it
             before the softmax; the undivided sum is still what is passed on).
-        layer_number: 1-based position of this layer in its stack.
+        kernel: ``"auto"``, ``"materialized"`` or ``"fused"`` (see the module docstring).
     """
 
-    def __init__(
-        self,
-        *args,
-        residual: bool = False,
-        mode: str = "sum",
-        layer_number: int = 1,
-        **kwargs,
-    ):
+    def __init__(self, *args, residual: bool = False, mode: str = "sum", kernel: str = "auto", **kwargs):
         super().__init__(*args, **kwargs)
         if mode not in RESIDUAL_MODES:
             raise ValueError(f"residual attention mode must be one of {RESIDUAL_MODES}, got {mode!r}")
-        if layer_number < 1:
-            raise ValueError(f"layer_number is 1-based, got {layer_number}")
+        if kernel not in KERNELS:
+            raise ValueError(f"residual attention kernel must be one of {KERNELS}, got {kernel!r}")
         if residual and (self.bias_k is not None or self.add_zero_attn or self.use_xformers):
             # These change the key set per layer, so scores would not line up across layers.
             raise ValueError("residual attention does not support add_bias_kv, add_zero_attn or xformers")
         self.residual = residual
         self.mode = mode
-        self.layer_number = layer_number
+        self.kernel = kernel
 
     def extra_repr(self) -> str:
         if not self.residual:
             return "residual=False"
-        return f"residual=True, mode={self.mode}, layer_number={self.layer_number}"
+        return f"residual=True, mode={self.mode}, kernel={self.kernel}"
 
     def forward(
         self,
@@ -81,44 +166,75 @@ class ResidualMultiheadAttention(MultiheadAttention):
         static_kv: bool = False,
         attn_mask: Optional[Tensor] = None,
         need_head_weights: bool = False,
-        prev_scores: Optional[Tensor] = None,
-    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-        """Input ``T x B x C`` as in fairseq; returns ``(output, weights, scores)``.
+        prev_state: Optional[ResidualState] = None,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[ResidualState]]:
+        """Input ``T x B x C`` as in fairseq; returns ``(output, weights, state)``.
 
         Args:
             key_padding_mask: ``[B, S]``, True at padded keys. It covers *all*
                 keys, cached ones included, also in incremental decoding.
             attn_mask: additive ``[T, S]`` mask (e.g. the causal mask).
-            prev_scores: ``[B, H, T, S]`` running sum from the previous layer of
-                this path (``None`` for the first layer). In cached decoding
-                T is the current step's rows only.
+            prev_state: the previous layer's :class:`ResidualState` on this path
+                (``None`` for the first layer). In cached decoding its scores are the
+                current step's rows only.
 
         Returns:
             output ``[T, B, C]``; weights as fairseq's (``[B, T, S]`` averaged over
             heads, or ``[H, B, T, S]`` with ``need_head_weights``; ``None`` unless
-            requested); scores ``[B, H, T, S]`` (float32 running sum ``A_n``,
-            unmasked), ``None`` when this module is not on a residual path.
+            requested); this layer's :class:`ResidualState` (``None`` when the module is
+            not on a residual path).
         """
         if not self.residual:
-            if prev_scores is not None:
-                raise ValueError("prev_scores given to an attention module that is not on a residual path")
+            if prev_state is not None:
+                raise ValueError("prev_state given to an attention module that is not on a residual path")
             if incremental_state is not None and key_padding_mask is not None and not static_kv:
                 # fairseq's cache wants only the new keys' mask; it appends the rest itself.
-                key_padding_mask = key_padding_mask[:, -query.size(0):]
+                new_keys = query.size(0) if key is None or self.self_attention else key.size(0)
+                key_padding_mask = key_padding_mask[:, -new_keys:]
             output, weights = super().forward(
                 query, key, value, key_padding_mask=key_padding_mask,
                 incremental_state=incremental_state, need_weights=need_weights,
                 static_kv=static_kv, attn_mask=attn_mask, need_head_weights=need_head_weights,
             )
             return output, weights, None
-        return self._residual_forward(
+        need_weights = need_weights or need_head_weights
+        if self.kernel_for(query, key, incremental_state, need_weights, prev_state) == "fused":
+            return self._fused_forward(query, key, value, key_padding_mask, attn_mask, prev_state)
+        return self._materialized_forward(
             query, key, value, key_padding_mask, incremental_state,
-            need_weights or need_head_weights, static_kv, attn_mask, need_head_weights, prev_scores,
+            need_weights, static_kv, attn_mask, need_head_weights, prev_state,
         )
 
-    def _residual_forward(
+    def kernel_for(self, query: Tensor, key: Optional[Tensor], incremental_state, need_weights: bool,
+                   prev_state: Optional[ResidualState]) -> str:
+        """The kernel this call runs (``materialized`` or ``fused``)."""
+        if incremental_state is not None or need_weights:
+            return "materialized"  # one row per step / weights wanted: T x S exists anyway
+        if prev_state is not None and not prev_state.fused:
+            return "materialized"  # a materialized sum cannot be split into Q and K again
+        if self.kernel != "auto":
+            return self.kernel
+        src_len = query.size(0) if key is None else key.size(0)
+        return auto_kernel(
+            device=query.device, training_dropout=self._dropout_p() > 0,
+            tgt_len=query.size(0), src_len=src_len,
+            terms=(prev_state.terms if prev_state is not None else 0) + 1,
+        )
+
+    def _dropout_p(self) -> float:
+        dropout = self.dropout_module
+        return dropout.p if (self.training or dropout.apply_during_inference) else 0.0
+
+    def _divisor(self, terms: int) -> float:
+        return float(terms) if self.mode == "mean" else 1.0
+
+    # ----------------------------------------------------------------------------------
+    # materialized: the B x H x T x S float32 running sum
+    # ----------------------------------------------------------------------------------
+
+    def _materialized_forward(
         self, query, key, value, key_padding_mask, incremental_state,
-        need_weights, static_kv, attn_mask, need_head_weights, prev_scores,
+        need_weights, static_kv, attn_mask, need_head_weights, prev_state,
     ):
         tgt_len, bsz, _ = query.size()
         # fairseq's projections, key/value cache and beam sharing, stopped before its
@@ -132,15 +248,18 @@ class ResidualMultiheadAttention(MultiheadAttention):
         src_len = logits.size(-1)
         # The running sum is kept in float32: 48 layers of fp16 logits can overflow.
         scores = logits.view(bsz, self.num_heads, tgt_len, src_len).float()
-        if prev_scores is not None:
-            if prev_scores.shape != scores.shape:
+        terms = 1
+        if prev_state is not None:
+            prev = prev_state.running_sum()
+            if prev.shape != scores.shape:
                 raise ValueError(
-                    f"prev_scores has shape {tuple(prev_scores.shape)}, expected {tuple(scores.shape)} "
-                    "(batch x heads x tgt_len x src_len of this layer)"
+                    f"the previous layer's scores have shape {tuple(prev.shape)}, expected "
+                    f"{tuple(scores.shape)} (batch x heads x tgt_len x src_len of this layer)"
                 )
             # in place: these fresh logits are not needed by autograd (bmm keeps q and k)
-            scores = scores.add_(prev_scores)
-        probs = self._masked_softmax(scores, key_padding_mask, attn_mask)
+            scores = scores.add_(prev)
+            terms += prev_state.terms
+        probs = self._masked_softmax(scores, key_padding_mask, attn_mask, self._divisor(terms))
         output = self._attend(probs.type_as(v), v, tgt_len, bsz)
 
         weights: Optional[Tensor] = None
@@ -148,15 +267,16 @@ class ResidualMultiheadAttention(MultiheadAttention):
             weights = probs.transpose(1, 0)  # [H, B, T, S], as fairseq returns them
             if not need_head_weights:
                 weights = weights.mean(dim=0)
-        return output, weights, scores
+        return output, weights, ResidualState(scores=scores, terms=terms)
 
-    def _masked_softmax(self, scores: Tensor, key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor]) -> Tensor:
+    def _masked_softmax(self, scores: Tensor, key_padding_mask: Optional[Tensor],
+                        attn_mask: Optional[Tensor], divisor: float) -> Tensor:
         """softmax(mask(A_n / c_n)) in float32. Padded keys get the most negative
         finite value, so a row with every key padded is uniform, not NaN."""
         # ``scores`` is passed on unmasked: the first op makes a copy, later ones work in it
         logits = scores
-        if self.mode == "mean" and self.layer_number > 1:
-            logits = logits / self.layer_number
+        if divisor != 1.0:
+            logits = logits / divisor
         if attn_mask is not None:
             mask = attn_mask.to(logits.dtype)
             logits = logits + mask if logits is scores else logits.add_(mask)
@@ -179,6 +299,85 @@ class ResidualMultiheadAttention(MultiheadAttention):
             )
         else:
             attn = torch.matmul(probs, v.view(bsz, self.num_heads, -1, self.head_dim))
-        # [B, H, T, D] -> [T, B, H * D]
+        return self._project_out(attn, tgt_len, bsz)
+
+    def _project_out(self, attn: Tensor, tgt_len: int, bsz: int) -> Tensor:
+        """``[B, H, T, D]`` -> ``[T, B, H * D]`` -> ``out_proj``."""
         attn = attn.reshape(bsz, self.num_heads, tgt_len, self.head_dim).permute(2, 0, 1, 3)
         return self.out_proj(attn.reshape(tgt_len, bsz, self.embed_dim))
+
+    # ----------------------------------------------------------------------------------
+    # fused: concatenated queries and keys through scaled_dot_product_attention
+    # ----------------------------------------------------------------------------------
+
+    def _fused_forward(self, query, key, value, key_padding_mask, attn_mask, prev_state):
+        tgt_len, bsz, _ = query.size()
+        q, k, v = self._project(query, key, value)  # [B, H, T|S, d]; q scaled by 1/sqrt(d)
+        terms = 1
+        if prev_state is not None:
+            if prev_state.keys.shape[:3] != k.shape[:3] or prev_state.queries.shape[:3] != q.shape[:3]:
+                raise ValueError(
+                    f"the previous layer's queries/keys have shapes {tuple(prev_state.queries.shape)}"
+                    f"/{tuple(prev_state.keys.shape)}, expected batch x heads x length of "
+                    f"{tuple(q.shape[:3])}/{tuple(k.shape[:3])}"
+                )
+            q = torch.cat([prev_state.queries, q], dim=-1)
+            k = torch.cat([prev_state.keys, k], dim=-1)
+            terms += prev_state.terms
+        out = F.scaled_dot_product_attention(
+            q, k, _pad_values(v, q.size(-1)),
+            attn_mask=_sdpa_mask(key_padding_mask, attn_mask, q.dtype, tgt_len, k.size(2)),
+            dropout_p=self._dropout_p(),
+            scale=1.0 / self._divisor(terms),  # q already carries 1/sqrt(d)
+        )
+        output = self._project_out(out[..., : self.head_dim], tgt_len, bsz)
+        return output, None, ResidualState(queries=q, keys=k, terms=terms)
+
+    def _project(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor]):
+        """fairseq's q/k/v projections for a full pass, as ``[B, H, T, d]`` tensors."""
+        q = self.q_proj(query) * self.scaling
+        if self.self_attention:
+            key = value = query
+        elif self.encoder_decoder_attention:
+            value = key
+        k, v = self.k_proj(key), self.v_proj(value)
+        return self._heads(q), self._heads(k), self._heads(v)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        length, bsz, _ = x.size()
+        return x.view(length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+
+def _pad_values(v: Tensor, qk_dim: int) -> Tensor:
+    """Zero-pad ``v`` to the query/key head dim where PyTorch's fused kernel needs it.
+
+    PyTorch's CPU flash kernel takes only equal query and value head dims (otherwise SDPA
+    falls back to its math kernel, which stores the ``T x S`` probabilities); the extra
+    output columns are zeros and are dropped. CUDA kernels take unequal dims as they are.
+    """
+    extra = qk_dim - v.size(-1)
+    if extra == 0 or v.device.type == "cuda":
+        return v
+    return F.pad(v, (0, extra))
+
+
+def _sdpa_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], dtype: torch.dtype,
+               tgt_len: int, src_len: int) -> Optional[Tensor]:
+    """One additive SDPA mask with the materialized kernel's semantics.
+
+    Padded keys get the most negative finite value (a fully padded row is uniform, as
+    in ``_masked_softmax``), ``attn_mask`` is added as it is. Shapes stay as small as
+    broadcasting allows: ``[B, 1, 1, S]`` for padding, ``[T, S]`` for ``attn_mask``,
+    ``[B, 1, T, S]`` only when both are given.
+    """
+    mask: Optional[Tensor] = None
+    if attn_mask is not None:
+        mask = attn_mask.to(dtype)
+    if key_padding_mask is not None:
+        pad = key_padding_mask.to(torch.bool)[:, None, None, :]
+        if mask is None:
+            mask = torch.zeros(pad.shape, dtype=dtype, device=pad.device)
+        else:
+            mask = mask.expand(pad.size(0), 1, tgt_len, src_len)
+        mask = mask.masked_fill(pad, torch.finfo(dtype).min)
+    return mask

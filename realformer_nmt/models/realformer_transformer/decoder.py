@@ -10,6 +10,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
 from ... import residual_config
 from ...errors import ConfigError
 from ...modules.realformer_layer import RealFormerDecoderLayer, wrap_layer
+from ...modules.residual_attention import ResidualState
 
 
 class RealFormerTransformerDecoder(TransformerDecoderBase):
@@ -18,31 +19,32 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
 
     In cached decoding each step feeds one query row, so only that step's
     ``[B, H, 1, S]`` score rows flow between layers; nothing extra is cached.
+    Layers skipped by layerdrop add nothing to either running sum and are not counted.
     """
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         cfg = TransformerConfig.from_namespace(cfg)
-        if cfg.cross_self_attention:
-            raise ConfigError("--cross-self-attention is not supported by realformer_transformer")
         if cfg.base_layers:
-            raise ConfigError("--base-layers is not supported by realformer_transformer")
-        # both read by build_decoder_layer during fairseq's __init__
+            raise ConfigError(
+                "--base-layers is not supported by realformer_transformer: it inserts BASE "
+                "mixture-of-experts layers, which have no attention, between the decoder "
+                "layers (use transformer_lm-style BASE models without RealFormer)"
+            )
+        # read by build_decoder_layer during fairseq's __init__
         self.residual = residual_config.resolve(cfg)
-        self._layers_built = 0
         super().__init__(
             cfg, dictionary, embed_tokens,
             no_encoder_attn=no_encoder_attn, output_projection=output_projection,
         )
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        self._layers_built += 1
         layer = RealFormerDecoderLayer(
             cfg,
             no_encoder_attn=no_encoder_attn,
             self_residual="decoder" in self.residual.paths,
             cross_residual="cross" in self.residual.paths,
             mode=self.residual.mode,
-            layer_number=self._layers_built,
+            kernel=self.residual.kernel,
         )
         return wrap_layer(layer, cfg)
 
@@ -55,7 +57,7 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
         alignment_layer: Optional[int] = None,
         alignment_heads: Optional[int] = None,
     ):
-        """fairseq's decoder pass; the loop threads ``prev_self``/``prev_cross``."""
+        """fairseq's decoder pass; the loop threads the ``self_state``/``cross_state`` paths."""
         if alignment_layer is None:
             alignment_layer = self.num_layers - 1
 
@@ -70,10 +72,10 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
         if self.embed_positions is not None:
             positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
 
-        # Padding over every self-attention key, cached steps included (taken before
-        # the tokens are cut to the current step).
+        # Padding over every target position, cached steps included (taken before the
+        # tokens are cut to the current step); always given with --cross-self-attention.
         self_attn_padding_mask: Optional[Tensor] = None
-        if prev_output_tokens.eq(self.padding_idx).any():
+        if self.cross_self_attention or prev_output_tokens.eq(self.padding_idx).any():
             self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
 
         if incremental_state is not None:
@@ -99,10 +101,10 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
 
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
-        prev_self: Optional[Tensor] = None
-        prev_cross: Optional[Tensor] = None
+        self_state: Optional[ResidualState] = None
+        cross_state: Optional[ResidualState] = None
         for idx, layer in enumerate(self.layers):
-            x, layer_attn, _, prev_self, prev_cross = layer(
+            x, layer_attn, _, self_state, cross_state = layer(
                 x,
                 enc,
                 padding_mask,
@@ -111,8 +113,8 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
                 self_attn_padding_mask=self_attn_padding_mask,
                 need_attn=bool(idx == alignment_layer),
                 need_head_weights=bool(idx == alignment_layer),
-                prev_self_scores=prev_self,
-                prev_cross_scores=prev_cross,
+                prev_self_state=self_state,
+                prev_cross_state=cross_state,
             )
             inner_states.append(x)
             if layer_attn is not None and idx == alignment_layer:

@@ -9,26 +9,29 @@ from fairseq.models.transformer import TransformerConfig, TransformerEncoderBase
 
 from ... import residual_config
 from ...modules.realformer_layer import RealFormerEncoderLayer, wrap_layer
+from ...modules.residual_attention import ResidualState
 
 
 class RealFormerTransformerEncoder(TransformerEncoderBase):
     """fairseq's ``TransformerEncoderBase`` (embeddings, interfaces, output dict),
-    with :class:`RealFormerEncoderLayer` layers and scores threaded between them."""
+    with :class:`RealFormerEncoderLayer` layers and the residual state threaded between them."""
+
+    # The paths the whole model may put on residual attention, validated here so that
+    # one clear error comes before anything is built (encoder-only models: "encoder").
+    RESIDUAL_PATHS = residual_config.PATHS
 
     def __init__(self, cfg, dictionary, embed_tokens):
         cfg = TransformerConfig.from_namespace(cfg)
-        # both read by build_encoder_layer during fairseq's __init__
-        self.residual = residual_config.resolve(cfg)
-        self._layers_built = 0
+        # read by build_encoder_layer during fairseq's __init__
+        self.residual = residual_config.resolve(cfg, available=self.RESIDUAL_PATHS)
         super().__init__(cfg, dictionary, embed_tokens)
 
     def build_encoder_layer(self, cfg):
-        self._layers_built += 1
         layer = RealFormerEncoderLayer(
             cfg,
             residual="encoder" in self.residual.paths,
             mode=self.residual.mode,
-            layer_number=self._layers_built,
+            kernel=self.residual.kernel,
         )
         return wrap_layer(layer, cfg)
 
@@ -39,7 +42,10 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
         return_all_hiddens: bool = False,
         token_embeddings: Optional[Tensor] = None,
     ):
-        """fairseq's encoder pass; the loop threads ``prev_scores`` layer to layer."""
+        """fairseq's encoder pass; the loop threads the residual state layer to layer.
+
+        Layers skipped by layerdrop (``LayerDropModuleList`` leaves them out of the
+        iteration) add nothing to the running sum and are not counted in it."""
         encoder_padding_mask = src_tokens.eq(self.padding_idx)
         has_pads = encoder_padding_mask.any()
 
@@ -49,12 +55,12 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
 
         encoder_states = [x] if return_all_hiddens else []
-        prev_scores: Optional[Tensor] = None
+        state: Optional[ResidualState] = None
         for layer in self.layers:
-            x, prev_scores = layer(
+            x, state = layer(
                 x,
                 encoder_padding_mask=encoder_padding_mask if has_pads else None,
-                prev_scores=prev_scores,
+                prev_state=state,
             )
             if return_all_hiddens:
                 encoder_states.append(x)

@@ -1,7 +1,8 @@
 """The ``realformer_transformer`` model and its architectures.
 
 Thin registrations over fairseq's ``transformer``: same flags, dims and defaults,
-plus ``--residual-attention-paths`` and ``--residual-attention-mode``.
+plus ``--residual-attention-paths``, ``--residual-attention-mode`` and
+``--residual-attention-kernel``.
 """
 
 from fairseq.models import register_model, register_model_architecture
@@ -14,6 +15,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from ... import residual_config
+from ...errors import ConfigError
 from .decoder import RealFormerTransformerDecoder
 from .encoder import RealFormerTransformerEncoder
 
@@ -31,6 +33,17 @@ class RealFormerTransformerModel(TransformerModel):
     @classmethod
     def hub_models(cls):
         return {}
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first: one clear sentence instead of TorchScript's
+        # internal error about ``super().forward`` in the attention subclass.
+        raise ConfigError(
+            "torch.jit.script does not support realformer_transformer (TorchScript cannot "
+            "compile the residual attention subclass of fairseq's MultiheadAttention, and "
+            "is deprecated in current PyTorch): use torch.compile(model) instead, or, for a "
+            "model trained with --residual-attention-paths none, load its checkpoint with "
+            "--arch transformer, which scripts"
+        )
 
     @classmethod
     def add_args(cls, parser):
@@ -66,6 +79,8 @@ def _residual_defaults(args):
         args.residual_attention_paths = residual_config.default_paths(args)
     if getattr(args, "residual_attention_mode", None) is None:
         args.residual_attention_mode = residual_config.DEFAULT_MODE
+    if getattr(args, "residual_attention_kernel", None) is None:
+        args.residual_attention_kernel = residual_config.DEFAULT_KERNEL
 
 
 @register_model_architecture("realformer_transformer", "realformer_transformer")

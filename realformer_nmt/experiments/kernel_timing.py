@@ -1,0 +1,107 @@
+"""Where each residual-attention kernel is faster: the measurements behind ``auto``.
+
+Attention alone (no FFN, no embeddings): a stack of ``layers`` self-attention modules
+of one residual path, forward + backward, for the materialized kernel, the fused kernel,
+and hybrids that run fused for the first ``m`` layers and materialized after (a path can
+switch that way, never back), next to fairseq's vanilla attention (PyTorch's fused
+kernel, no residual) as the yardstick. Variants are interleaved round by round in one
+process, so machine load hits all alike; medians are reported, with ratios.
+"""
+
+import statistics
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+from ..modules.residual_attention import ResidualMultiheadAttention
+
+
+def build_stack(kernels: List[Optional[str]], embed_dim: int, heads: int, dropout: float, device, dtype):
+    """One module per entry: a kernel name (residual) or None (fairseq's vanilla module)."""
+    torch.manual_seed(0)
+    mods = []
+    for kernel in kernels:
+        residual = kernel is not None
+        mods.append(ResidualMultiheadAttention(
+            embed_dim, heads, dropout=dropout, self_attention=True, residual=residual,
+            kernel=kernel or "auto",
+        ).to(device=device, dtype=dtype).train())
+    return mods
+
+
+def stack_step(mods, x, attn_mask, key_padding_mask):
+    """Forward + backward through the stack (each layer feeds the next)."""
+    state = None
+    h = x
+    for m in mods:
+        h, _, state = m(h, h, h, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                        prev_state=state, need_weights=False)
+    h.float().pow(2).mean().backward()
+
+
+def variants_for(layers: int, switch_points: List[int]) -> Dict[str, List[Optional[str]]]:
+    out = {"vanilla": [None] * layers, "materialized": ["materialized"] * layers,
+           "fused": ["fused"] * layers}
+    for m in switch_points:
+        if 0 < m < layers:
+            out[f"fused<={m}"] = ["fused"] * m + ["materialized"] * (layers - m)
+    return out
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_config(*, length: int, causal: bool, layers: int, batch: int, embed_dim: int, heads: int,
+                dropout: float, switch_points: List[int], rounds: int, warmup: int, device, dtype,
+                log=print) -> dict:
+    variants = variants_for(layers, switch_points)
+    stacks = {name: build_stack(k, embed_dim, heads, dropout, device, dtype) for name, k in variants.items()}
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(length, batch, embed_dim, generator=g).to(device=device, dtype=dtype).requires_grad_(True)
+    attn_mask = None
+    if causal:
+        attn_mask = torch.full((length, length), float("-inf"), device=device).triu(1).to(dtype)
+    times = {name: [] for name in variants}
+    for r in range(warmup + rounds):
+        for name, mods in stacks.items():
+            _sync(device)
+            start = time.perf_counter()
+            stack_step(mods, x, attn_mask, None)
+            _sync(device)
+            if r >= warmup:
+                times[name].append(time.perf_counter() - start)
+            x.grad = None
+            for m in mods:
+                m.zero_grad(set_to_none=True)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    best = min((n for n in medians if n != "vanilla"), key=medians.get)
+    result = {
+        "length": length, "causal": causal, "layers": layers, "batch": batch,
+        "median_seconds": medians,
+        "ratio_to_materialized": {n: medians[n] / medians["materialized"] for n in medians},
+        "ratio_to_vanilla": {n: medians[n] / medians["vanilla"] for n in medians},
+        "fastest_residual": best,
+    }
+    log(f"T={length:4d} causal={causal!s:5s} layers={layers}: "
+        + "  ".join(f"{n} {medians[n] * 1000:.1f}ms" for n in medians) + f"  -> {best}")
+    return result
+
+
+def run(lengths, causal_modes, layers, batch, embed_dim, heads, dropout, switch_points, rounds, warmup,
+        device, dtype, log=print) -> dict:
+    configs = [
+        time_config(length=T, causal=c, layers=layers, batch=batch, embed_dim=embed_dim, heads=heads,
+                    dropout=dropout, switch_points=switch_points, rounds=rounds, warmup=warmup,
+                    device=device, dtype=dtype, log=log)
+        for c in causal_modes for T in lengths
+    ]
+    return {
+        "what": "attention only, forward + backward, median seconds per step of a stack",
+        "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+        "embed_dim": embed_dim, "heads": heads, "head_dim": embed_dim // heads, "dropout": dropout,
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "configs": configs,
+    }

@@ -1,0 +1,71 @@
+#!/usr/bin/env python
+"""Residual-attention kernels timed against each other: the measurements behind
+``--residual-attention-kernel auto`` (attention alone, forward + backward).
+
+For every length and mask (non-causal = encoder self / cross paths, causal = decoder
+self path) it times a stack of ``--layers`` attention modules with the materialized
+kernel, the fused kernel, hybrids fused for the first m layers, and fairseq's vanilla
+attention, interleaved in one process; prints one line per configuration and writes JSON.
+
+  python scripts/benchmark_kernels.py --json results/kernel_timing_cpu.json
+  python scripts/benchmark_kernels.py --device cuda --dtype bfloat16 --json results/kernel_timing_cuda.json
+"""
+
+import argparse
+import json
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+
+def int_list(text):
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", type=int_list, default=[32, 64, 128, 256, 512],
+                   help="sequence lengths T = S (default: %(default)s)")
+    p.add_argument("--masks", default="noncausal,causal", help="comma list of noncausal, causal (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=6, help="layers in the stack (default: %(default)s)")
+    p.add_argument("--switch-points", type=int_list, default=[2, 3, 4],
+                   help="hybrids: fused for the first m layers, then materialized (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=8, help="batch size B (default: %(default)s)")
+    p.add_argument("--embed-dim", type=int, default=512, help="model dim (default: %(default)s)")
+    p.add_argument("--heads", type=int, default=8, help="attention heads (default: %(default)s)")
+    p.add_argument("--dropout", type=float, default=0.0, help="attention dropout (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds; medians reported (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default: %(default)s)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    masks = [m.strip() for m in args.masks.split(",") if m.strip()]
+    if not set(masks) <= {"noncausal", "causal"} or not masks:
+        p.error("--masks: a comma list of noncausal, causal")
+    if args.embed_dim % args.heads:
+        p.error("--embed-dim must be a multiple of --heads")
+
+    import torch
+
+    from realformer_nmt.experiments import kernel_timing
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    result = kernel_timing.run(
+        args.lengths, [m == "causal" for m in masks], args.layers, args.batch, args.embed_dim, args.heads,
+        args.dropout, args.switch_points, args.rounds, args.warmup, device, getattr(torch, args.dtype),
+        log=lambda m: print(m, flush=True),
+    )
+    result["command"] = "python scripts/benchmark_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()
