@@ -1,63 +1,107 @@
 #!/usr/bin/env python
-"""Speed of realformer_transformer vs fairseq's transformer, in the same run.
+"""Speed and memory of realformer_transformer against fairseq's transformer, same run.
 
-Prints one line per variant with the time ratio to vanilla and writes JSON.
-Example: python scripts/benchmark_speed.py --json runs/bench/speed_cpu.json
+Variants: vanilla (fairseq's transformer), and RealFormer (all three paths, sum) with
+the materialized, fused and auto kernels; same weights, same batches, interleaved step
+by step. For every size (iwslt, base) and length T: training tokens/s (forward +
+backward + Adam), peak memory (fresh process per variant), bytes saved for backward,
+and beam-search sentences/s, each with its ratio to vanilla. Prints a Markdown table;
+--json / --markdown write the results.
+
+  python scripts/benchmark_speed.py --json results/speed_cpu.json --markdown results/speed_cpu.md
+  python scripts/benchmark_speed.py --device cuda --dtype bfloat16 --json results/speed_cuda_bf16.json
 """
 
 import argparse
-import json
 import os
+import platform
 import sys
+import time
 
-import torch
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
 
-import realformer_nmt  # noqa: F401  (registers the model)
-from realformer_nmt.experiments.benchmark import VARIANTS, run_benchmark
+VARIANT_NAMES = ("vanilla", "materialized", "fused", "auto")
+SIZE_NAMES = ("iwslt", "base")
+
+
+def comma_list(kind, choices=None):
+    def parse(text):
+        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError("empty list")
+        bad = [v for v in values if choices and v not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(map(str, bad))} (choose from {', '.join(choices)})")
+        return values
+    return parse
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=comma_list(str, SIZE_NAMES), default=list(SIZE_NAMES),
+                   help="model sizes: iwslt (transformer_iwslt_de_en dims), base (transformer) (default: both)")
+    p.add_argument("--lengths", type=comma_list(int), default=[32, 128, 512],
+                   help="source = target length T (default: 32,128,512)")
+    p.add_argument("--variants", type=comma_list(str, VARIANT_NAMES), default=list(VARIANT_NAMES),
+                   help="default: vanilla,materialized,fused,auto")
+    p.add_argument("--mode", choices=["sum", "mean"], default="sum", help="RealFormer mode (default: %(default)s)")
+    p.add_argument("--tokens", type=int, default=4096,
+                   help="target tokens per training batch: tokens // T sentences (default: %(default)s)")
+    p.add_argument("--alternations", type=int, default=5,
+                   help="timed rounds per variant, medians reported (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default: %(default)s)")
+    p.add_argument("--beam", type=int, default=4, help="beam size (default: %(default)s)")
+    p.add_argument("--decode-sentences", type=int, default=8, help="sentences per beam search (default: %(default)s)")
+    p.add_argument("--decode-len", type=int, default=None,
+                   help="tokens generated per sentence (default: min(T, 64))")
+    p.add_argument("--vocab", type=int, default=8000, help="vocabulary size (default: %(default)s)")
+    p.add_argument("--no-memory", action="store_true", help="skip the per-variant peak-memory processes")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--markdown", help="write the table here")
+    args = p.parse_args(argv)
+    if "vanilla" not in args.variants:
+        p.error("--variants must include vanilla (ratios are to vanilla)")
+    return args
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--embed-dim", type=int, default=512)
-    p.add_argument("--ffn-dim", type=int, default=2048)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--bsz", type=int, default=16)
-    p.add_argument("--src-len", type=int, default=32)
-    p.add_argument("--tgt-len", type=int, default=32)
-    p.add_argument("--vocab", type=int, default=8000)
-    p.add_argument("--steps", type=int, default=10, help="timed training steps per variant")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--json", help="write the results here")
-    args = p.parse_args(argv)
+    args = parse_args(argv)
+    import torch
 
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        p.error(f"--variants: unknown {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
-    dims = dict(
-        encoder_layers=args.layers, decoder_layers=args.layers,
-        encoder_embed_dim=args.embed_dim, decoder_embed_dim=args.embed_dim,
-        encoder_ffn_embed_dim=args.ffn_dim, decoder_ffn_embed_dim=args.ffn_dim,
-        encoder_attention_heads=args.heads, decoder_attention_heads=args.heads,
+    import realformer_nmt  # noqa: F401  (registers the archs)
+    from realformer_nmt.experiments import benchmark
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    start = time.time()
+    results = {"configs": []}
+    for size in args.sizes:
+        for length in args.lengths:
+            print(f"{size} T={length}", file=sys.stderr, flush=True)
+            results["configs"].append(benchmark.run_config(
+                size, length, args.variants, tokens=args.tokens, alternations=args.alternations,
+                warmup=args.warmup, beam=args.beam, decode_sentences=args.decode_sentences,
+                decode_len=args.decode_len or min(length, 64), vocab=args.vocab, mode=args.mode,
+                device=device, dtype=getattr(torch, args.dtype), memory=not args.no_memory,
+                log=lambda m: print(m, file=sys.stderr, flush=True),
+            ))
+    results.update(
+        command="python scripts/benchmark_speed.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        device=device, dtype=args.dtype, mode=args.mode, torch=torch.__version__,
+        threads=torch.get_num_threads(), machine=f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        seconds=round(time.time() - start, 1),
     )
-    result = run_benchmark(
-        dims, variants, args.bsz, args.src_len, args.tgt_len, args.steps, args.warmup, args.beam,
-        args.vocab, args.device, getattr(torch, args.dtype), log=lambda m: print(m, file=sys.stderr),
-    )
-    for name, r in result["variants"].items():
-        print(f"{name:16s} train step {r['train_step_seconds'] * 1000:8.1f} ms  "
-              f"(x{r['train_time_ratio_to_vanilla']:.3f} vanilla)   decode {r['decode_seconds']:.3f} s  "
-              f"(x{r['decode_time_ratio_to_vanilla']:.3f} vanilla)")
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return result
+    table = benchmark.markdown_table(results)
+    print(table)
+    benchmark.write(results, args.json, None)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(f"Command: `{results['command']}`  \nMachine: {results['machine']}, torch "
+                    f"{results['torch']}, {results['threads']} threads, {device} {args.dtype}\n\n{table}")
+    return results
 
 
 if __name__ == "__main__":

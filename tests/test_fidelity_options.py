@@ -204,3 +204,37 @@ def test_fairseq_transformer_still_scripts(dictionary):
     src, lengths, tgt = batch(dictionary)
     with torch.no_grad():
         assert (scripted(src, lengths, tgt)[0] - ours(src, lengths, tgt)[0]).abs().max() < 1e-5
+
+
+# --------------------------------------------------------------------------------------
+# --checkpoint-activations
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_checkpoint_activations_keeps_gradients_through_the_residual_paths(dictionary, mode, kernel):
+    """Checkpointed layers replay their forward in backward; the residual state crosses
+    layer boundaries with its gradient (the loss, and every parameter's gradient, equal
+    those of the plain model)."""
+    grads = []
+    for checkpointed in (False, True):
+        model = build(dictionary=dictionary, residual_attention_mode=mode, residual_attention_kernel=kernel,
+                      checkpoint_activations=checkpointed, dropout=0.1, seed=3).train()
+        src, lengths, tgt = batch(dictionary)
+        torch.manual_seed(7)
+        logits, _ = model(src, lengths, tgt)
+        logits.pow(2).mean().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    plain, ckpt = grads
+    assert set(plain) == set(ckpt)
+    for name in plain:
+        assert (plain[name] - ckpt[name]).abs().max() < 1e-5, name
+    # the first encoder layer's query projection only reaches the loss of later layers
+    # through the residual path and its own layer: a cut path would change its gradient
+    assert plain["encoder.layers.0.self_attn.q_proj.weight"].abs().sum() > 0
+
+
+def test_checkpoint_activations_trains_through_the_cli(data_bin, tmp_path):
+    run("fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
+        "--checkpoint-activations", "--max-update", 4, "--save-dir", tmp_path, *TINY_FLAGS)
+    assert (tmp_path / "checkpoint_last.pt").exists()

@@ -153,7 +153,7 @@ def test_wrong_prev_shape_is_an_error(x, kernel):
     m = module(kernel=kernel)
     prev = ResidualState.of_scores(torch.zeros(B, H, T, T + 1))
     if kernel == "fused":
-        prev = ResidualState(queries=torch.zeros(B, H, T, 4), keys=torch.zeros(B, H, T + 1, 4), terms=1)
+        prev = ResidualState(queries=(torch.zeros(B, H, T, 4),), keys=(torch.zeros(B, H, T + 1, 4),), terms=1)
     with pytest.raises(ValueError, match="expected"):
         m(x, x, x, prev_state=prev)
 
@@ -181,7 +181,7 @@ def test_gradients_flow_through_the_residual(x, kernel):
     state = ResidualState.of_scores(prev)
     if kernel == "fused":
         q, k = torch.randn(B, H, T, 4, requires_grad=True), torch.randn(B, H, T, 4, requires_grad=True)
-        state, prev = ResidualState(queries=q, keys=k, terms=1), q
+        state, prev = ResidualState(queries=(q,), keys=(k,), terms=1), q
     out, _, new = m(x, x, x, prev_state=state, need_weights=False)
     (out.sum() + new.running_sum().sum()).backward()
     assert prev.grad is not None and prev.grad.abs().sum() > 0

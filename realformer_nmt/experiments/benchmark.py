@@ -1,8 +1,28 @@
-"""Training and decoding speed of RealFormer against fairseq's transformer, measured
-in the same process on the same batches, reported as ratios (absolute times on a
-shared machine are noise; ratios taken side by side are not)."""
+"""Training and decoding speed and memory of RealFormer against fairseq's transformer.
+
+Every variant is built with the same weights and timed in the same process on the same
+batches, interleaved step by step (so machine load hits all alike); medians of the
+alternations are reported with ratios to ``vanilla`` (absolute times on a shared
+machine are noise, side-by-side ratios are not).
+
+Per (size, length):
+* train: forward + backward + Adam step on ``tokens`` target tokens (``tokens // T``
+  sentences of ``T`` source and ``T`` target tokens), in training mode with the arch's
+  own dropout settings; tokens/s counts target tokens, as fairseq's ``wps`` does;
+* memory: peak memory of a train step, in a fresh process per variant: on CPU the rise
+  of the process's peak RSS during the second train step over its RSS before it
+  (activations and gradients; Adam state exists by then), on CUDA
+  ``torch.cuda.max_memory_allocated``; plus the bytes
+  autograd saves for backward (a deterministic count of activation memory);
+* decode: fairseq's ``SequenceGenerator`` beam search (cached decoding) over
+  ``decode_sentences`` sources of length ``T``, generating up to ``decode_len`` tokens;
+  sentences/s.
+"""
 
 import argparse
+import json
+import multiprocessing
+import os
 import statistics
 import time
 import types
@@ -13,19 +33,34 @@ from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
-VARIANTS = {
-    "vanilla": ("transformer", {}),
-    "realformer_none": ("realformer_transformer", {"residual_attention_paths": "none"}),
-    "realformer_sum": ("realformer_transformer", {"residual_attention_mode": "sum"}),
-    "realformer_mean": ("realformer_transformer", {"residual_attention_mode": "mean"}),
+SIZES = {
+    "iwslt": ("transformer_iwslt_de_en", "realformer_transformer_iwslt_de_en"),
+    "base": ("transformer", "realformer_transformer"),
+}
+VARIANTS = {  # name -> (uses the RealFormer arch, extra model args)
+    "vanilla": (False, {}),
+    "materialized": (True, {"residual_attention_kernel": "materialized"}),
+    "fused": (True, {"residual_attention_kernel": "fused"}),
+    "auto": (True, {"residual_attention_kernel": "auto"}),
 }
 
 
-def build_model(arch, dictionary, dims, overrides, device, dtype):
-    args = argparse.Namespace(**dims, **overrides)
+def make_dictionary(vocab):
+    d = Dictionary()
+    for i in range(vocab):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+def build_model(size, variant, dictionary, mode="sum", device="cpu", dtype=torch.float32, seed=0):
+    realformer, extra = VARIANTS[variant]
+    arch = SIZES[size][1 if realformer else 0]
+    args = argparse.Namespace(**extra)
+    if realformer:
+        args.residual_attention_mode = mode
     ARCH_CONFIG_REGISTRY[arch](args)
     task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)  # same seed, same parameter names and order: same weights
     return ARCH_MODEL_REGISTRY[arch].build_model(args, task).to(device=device, dtype=dtype)
 
 
@@ -35,9 +70,9 @@ def random_batch(dictionary, bsz, src_len, tgt_len, device, seed=0):
     src = torch.randint(lo, hi, (bsz, src_len), generator=g)
     tgt = torch.randint(lo, hi, (bsz, tgt_len), generator=g)
     src[:, -1] = dictionary.eos()
-    tgt[:, 0] = dictionary.eos()
+    prev = torch.cat([torch.full((bsz, 1), dictionary.eos()), tgt[:, :-1]], dim=1)
     lengths = torch.full((bsz,), src_len)
-    return src.to(device), lengths.to(device), tgt.to(device)
+    return src.to(device), lengths.to(device), prev.to(device), tgt.to(device)
 
 
 def _sync(device):
@@ -45,18 +80,102 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def time_train_step(model, batch, device):
-    src, lengths, tgt = batch
-    start = time.perf_counter()
-    logits, _ = model(src, lengths, tgt)
-    logits.float().logsumexp(-1).mean().backward()
+def train_step(model, optimizer, batch):
+    """Forward, cross-entropy, backward, Adam step."""
+    src, lengths, prev, tgt = batch
+    optimizer.zero_grad(set_to_none=True)
+    logits, _ = model(src, lengths, prev)
+    loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), tgt.view(-1))
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def saved_activation_bytes(model, batch):
+    """Bytes autograd keeps for backward during one forward (distinct storages)."""
+    seen = {}
+
+    def pack(t):
+        try:
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        except (RuntimeError, NotImplementedError):
+            pass
+        return t
+
+    src, lengths, prev, tgt = batch
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits, _ = model(src, lengths, prev)
+    del logits
+    return sum(n for ptr, n in seen.items() if ptr not in params)
+
+
+def _peak_memory_child(queue, size, variant, vocab, bsz, length, mode, device, dtype_name):
+    """Runs in a fresh process: peak memory of train steps of one variant."""
+    import realformer_nmt  # noqa: F401  (registers the archs in the child)
+
+    dtype = getattr(torch, dtype_name)
+    dictionary = make_dictionary(vocab)
+    model = build_model(size, variant, dictionary, mode, device, dtype).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    batch = random_batch(dictionary, bsz, length, length, device)
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(2):
+            train_step(model, optimizer, batch)
+        queue.put(torch.cuda.max_memory_allocated() / 2**20)
+        return
+    train_step(model, optimizer, batch)  # Adam state and allocator pools exist from here on
+    before = _status_mib("VmRSS")
+    _reset_peak_rss()
+    train_step(model, optimizer, batch)
+    queue.put(_status_mib("VmHWM") - before)
+
+
+def _reset_peak_rss():
+    """Linux: writing 5 to clear_refs resets the process's peak RSS (VmHWM)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _status_mib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024  # kB -> MiB
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def peak_memory_mb(size, variant, vocab, bsz, length, mode, device, dtype):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_peak_memory_child,
+                       args=(queue, size, variant, vocab, bsz, length, mode, str(device),
+                             str(dtype).replace("torch.", "")))
+    # glibc: every allocation over 128 KiB is its own mapping, returned when freed, so
+    # RSS follows the memory tensors actually hold (no dynamic threshold, no arena reuse)
+    saved = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    try:
+        proc.start()
+    finally:
+        if saved is None:
+            del os.environ["MALLOC_MMAP_THRESHOLD_"]
+        else:
+            os.environ["MALLOC_MMAP_THRESHOLD_"] = saved
+    try:
+        value = queue.get(timeout=1800)
+    finally:
+        proc.join()
+    return value
+
+
+def decode_seconds(model, dictionary, batch, beam, decode_len, device):
+    src, lengths = batch[0], batch[1]
+    generator = SequenceGenerator([model], dictionary, beam_size=beam, max_len_a=0, max_len_b=decode_len,
+                                  min_len=decode_len)
     _sync(device)
-    return time.perf_counter() - start
-
-
-def time_generation(model, dictionary, batch, beam, device):
-    src, lengths, _ = batch
-    generator = SequenceGenerator([model], dictionary, beam_size=beam, max_len_b=src.size(1))
     start = time.perf_counter()
     with torch.no_grad():
         generator.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}})
@@ -64,42 +183,103 @@ def time_generation(model, dictionary, batch, beam, device):
     return time.perf_counter() - start
 
 
-def run_benchmark(dims, variants, bsz, src_len, tgt_len, steps, warmup, beam, vocab, device, dtype,
-                  log=print):
-    """Interleave the variants step by step (so machine load hits all alike) and
-    return median times and ratios to ``vanilla``."""
-    dictionary = Dictionary()
-    for i in range(vocab):
-        dictionary.add_symbol(f"w{i}")
-    models = {
-        name: build_model(*VARIANTS[name][:1], dictionary, dims, VARIANTS[name][1], device, dtype).train()
-        for name in variants
-    }
-    batch = random_batch(dictionary, bsz, src_len, tgt_len, device)
-    train = {name: [] for name in variants}
-    for step in range(warmup + steps):
-        for name, model in models.items():
-            t = time_train_step(model, batch, device)
-            if step >= warmup:
-                train[name].append(t)
-        log(f"train step {step + 1}/{warmup + steps}")
-    decode = {name: [] for name in variants}
-    small = tuple(t[: max(1, bsz // 4)] for t in batch)
-    for rep in range(3):
-        for name, model in models.items():
-            decode[name].append(time_generation(model.eval(), dictionary, small, beam, device))
-        log(f"decode round {rep + 1}/3")
-    result = {"device": str(device), "dtype": str(dtype).replace("torch.", ""), "dims": dims,
-              "batch": {"bsz": bsz, "src_len": src_len, "tgt_len": tgt_len}, "beam": beam,
-              "variants": {}}
-    base_train = statistics.median(train["vanilla"]) if "vanilla" in train else None
-    base_decode = statistics.median(decode["vanilla"]) if "vanilla" in decode else None
-    for name in variants:
-        tr, de = statistics.median(train[name]), statistics.median(decode[name])
-        result["variants"][name] = {
+def run_config(size, length, variants, *, tokens, alternations, warmup, beam, decode_sentences,
+               decode_len, vocab, mode, device, dtype, memory=True, log=print):
+    dictionary = make_dictionary(vocab)
+    bsz = max(1, tokens // length)
+    models = {v: build_model(size, v, dictionary, mode, device, dtype).train() for v in variants}
+    first = next(iter(models.values())).state_dict()
+    for m in models.values():  # identical weights, whatever the arch function built
+        m.load_state_dict(first)
+    optimizers = {v: torch.optim.Adam(m.parameters(), lr=1e-4) for v, m in models.items()}
+    batch = random_batch(dictionary, bsz, length, length, device)
+    train = {v: [] for v in variants}
+    for r in range(warmup + alternations):
+        for v, model in models.items():
+            _sync(device)
+            start = time.perf_counter()
+            train_step(model, optimizers[v], batch)
+            _sync(device)
+            if r >= warmup:
+                train[v].append(time.perf_counter() - start)
+        log(f"  {size} T={length}: train round {r + 1}/{warmup + alternations}")
+    activations = {v: saved_activation_bytes(m, batch) / 2**20 for v, m in models.items()}
+    dec_batch = random_batch(dictionary, min(decode_sentences, bsz), length, length, device, seed=1)
+    decode = {v: [] for v in variants}
+    for m in models.values():
+        m.eval()
+    for r in range(1 + alternations):
+        for v, model in models.items():
+            t = decode_seconds(model, dictionary, dec_batch, beam, decode_len, device)
+            if r >= 1:
+                decode[v].append(t)
+        log(f"  {size} T={length}: decode round {r + 1}/{1 + alternations}")
+    del models, optimizers
+    peaks = {}
+    if memory:
+        for v in variants:
+            peaks[v] = peak_memory_mb(size, v, vocab, bsz, length, mode, device, dtype)
+            log(f"  {size} T={length}: peak memory {v} {peaks[v]:.0f} MiB")
+    n_dec = dec_batch[0].size(0)
+    out = {"size": size, "length": length, "batch_sentences": bsz, "train_tokens": bsz * length,
+           "decode_sentences": n_dec, "decode_len": decode_len, "variants": {}}
+    base = "vanilla" if "vanilla" in variants else None
+    for v in variants:
+        tr, de = statistics.median(train[v]), statistics.median(decode[v])
+        out["variants"][v] = {
             "train_step_seconds": tr,
-            "decode_seconds": de,
-            "train_time_ratio_to_vanilla": tr / base_train if base_train else None,
-            "decode_time_ratio_to_vanilla": de / base_decode if base_decode else None,
+            "train_tokens_per_second": bsz * length / tr,
+            "decode_sentences_per_second": n_dec / de,
+            "saved_activations_mib": activations[v],
+            "peak_memory_mib": peaks.get(v),
+            "train_step_seconds_all": train[v],
+            "decode_seconds_all": decode[v],
         }
-    return result
+    if base:
+        b = out["variants"][base]
+        for v, r in out["variants"].items():
+            r["train_speed_ratio"] = r["train_tokens_per_second"] / b["train_tokens_per_second"]
+            r["decode_speed_ratio"] = r["decode_sentences_per_second"] / b["decode_sentences_per_second"]
+            r["activation_ratio"] = r["saved_activations_mib"] / b["saved_activations_mib"]
+            r["peak_memory_ratio"] = (r["peak_memory_mib"] / b["peak_memory_mib"]
+                                      if r["peak_memory_mib"] and b["peak_memory_mib"] else None)
+    return out
+
+
+def run_benchmark(sizes, lengths, variants, *, log=print, **kw):
+    configs = []
+    for size in sizes:
+        for length in lengths:
+            log(f"{size} T={length}")
+            configs.append(run_config(size, length, variants, log=log, **kw))
+    return {"configs": configs}
+
+
+def markdown_table(result):
+    """One row per (size, length, variant): speed and memory ratios to vanilla."""
+    lines = [
+        "| size | T | variant | train tok/s | x vanilla | peak MiB | x vanilla | saved act. MiB | x vanilla "
+        "| beam sent/s | x vanilla |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in result["configs"]:
+        for v, r in c["variants"].items():
+            def ratio(key):
+                return f"{r[key]:.2f}" if r.get(key) is not None else "-"
+            peak = f"{r['peak_memory_mib']:.0f}" if r.get("peak_memory_mib") else "-"
+            lines.append(
+                f"| {c['size']} | {c['length']} | {v} | {r['train_tokens_per_second']:.0f} | "
+                f"{ratio('train_speed_ratio')} | {peak} | {ratio('peak_memory_ratio')} | "
+                f"{r['saved_activations_mib']:.0f} | {ratio('activation_ratio')} | "
+                f"{r['decode_sentences_per_second']:.2f} | {ratio('decode_speed_ratio')} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def write(result, json_path=None, md_path=None):
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+    if md_path:
+        with open(md_path, "w") as f:
+            f.write(markdown_table(result))

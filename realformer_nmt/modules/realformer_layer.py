@@ -7,13 +7,14 @@ layer's :class:`ResidualState` for each path and returns this layer's next to th
 hidden states.
 """
 
+import contextlib
 from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from fairseq.distributed import fsdp_wrap
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
@@ -26,10 +27,35 @@ def wrap_layer(layer, cfg):
     """Activation checkpointing and FSDP wrapping, as fairseq's ``build_*_layer`` do."""
     checkpoint = cfg.checkpoint_activations
     if checkpoint:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+        layer = checkpoint_layer(layer, offload_to_cpu=cfg.offload_activations)
     # a checkpointed layer is always wrapped by FSDP, whatever its size
     min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
+def checkpoint_layer(layer, offload_to_cpu=False):
+    """``--checkpoint-activations`` (and ``--offload-activations``) for a layer that takes
+    and returns a :class:`ResidualState`.
+
+    fairseq's ``checkpoint_wrapper`` passes only top-level tensors through autograd, so
+    the tensors inside a state would reach the next layer cut off from the graph (no
+    gradient through the residual path). PyTorch's non-reentrant checkpoint keeps the
+    graph whatever the structure of inputs and outputs. Like fairseq's wrapper it
+    replaces ``forward`` in place (parameter names unchanged) and replays the forward with
+    the same RNG state (same dropout masks) in backward.
+    """
+    forward = layer.forward
+
+    def checkpointed_forward(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        offload = torch.autograd.graph.save_on_cpu() if offload_to_cpu else contextlib.nullcontext()
+        with offload:
+            return torch_checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    layer.precheckpoint_forward = forward  # the attribute fairseq's unwrap_checkpoint restores
+    layer.forward = checkpointed_forward
+    return layer
 
 
 def build_attention(layer, embed_dim, cfg, heads, xformers_att_config, residual_args, **kwargs):

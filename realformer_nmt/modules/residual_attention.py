@@ -23,13 +23,17 @@ Kernels (``--residual-attention-kernel``); all compute the same function:
 * ``materialized``: the running sum is a ``[B, H, T, S]`` float32 tensor handed from layer
   to layer (fp16/bf16 logits are summed in float32: 48 layers of fp16 logits overflow).
 * ``fused``: since ``A_n = sum_i Q_i K_i^T / sqrt(d) = [Q_1 .. Q_n] [K_1 .. K_n]^T / sqrt(d)``,
-  the path carries the projected queries and keys of every layer side by side
-  (``[B, H, T, n*d]``, ``[B, H, S, n*d]``) and layer n is one call of PyTorch's
-  ``scaled_dot_product_attention`` (SDPA) with query/key head dim ``n*d``: no ``T x S``
-  score or probability tensor is ever stored. The sum over layers is part of the
-  kernel's dot product, accumulated in float32 by SDPA's fused kernels (flash /
-  memory-efficient) whatever the input dtype. On CPU, PyTorch's fused kernel needs equal
-  query and value head dims, so values are zero-padded to ``n*d`` there.
+  the path carries the projected queries and keys of its layers (``[B, H, T, d]`` and
+  ``[B, H, S, d]`` each) and layer n is one call of PyTorch's
+  ``scaled_dot_product_attention`` (SDPA) on them side by side (query/key head dim
+  ``n*d``): no ``T x S`` score or probability tensor is ever stored. The sum over layers
+  is part of the kernel's dot product, accumulated in float32 by SDPA's fused kernels
+  (flash / memory-efficient) whatever the input dtype. For n > 1 the call is
+  recomputed in backward (``torch.utils.checkpoint``) instead of keeping its
+  ``n*d``-wide inputs, so what a path stores grows with its depth as one ``[B, H, T, d]``
+  query and key per layer, the tensors the projections produce anyway. On CPU,
+  PyTorch's fused kernel needs equal query and value head dims, so values are
+  zero-padded to ``n*d`` there (their extra output columns are zeros and dropped).
 * ``auto`` (default): per layer and call, :func:`auto_kernel` (the rule and the
   measurements behind it are written there).
 
@@ -44,6 +48,7 @@ from typing import Dict, NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from fairseq import utils
 from fairseq.modules import MultiheadAttention
@@ -61,17 +66,17 @@ class ResidualState(NamedTuple):
 
     * ``scores``: ``[B, H, T, S]`` float32, ``A_n`` itself (materialized kernel; in cached
       decoding only the current step's rows, ``T = 1``);
-    * ``queries``, ``keys``: ``[B, H, T, n*d]`` and ``[B, H, S, n*d]``, the projected
-      queries (scaled by ``1/sqrt(d)``) and keys of the layers in the sum side by side, so
-      that ``A_n = queries @ keys^T`` (fused kernel).
+    * ``queries``, ``keys``: the projected queries (scaled by ``1/sqrt(d)``) and keys of
+      the layers in the sum, one ``[B, H, T, d]`` / ``[B, H, S, d]`` tensor per layer, so
+      that ``A_n = sum_i queries[i] @ keys[i]^T`` (fused kernel).
 
     ``terms``: ``n``, the number of layers whose scores are in the sum (the divisor
     ``c_n`` of mean mode).
     """
 
     scores: Optional[Tensor] = None
-    queries: Optional[Tensor] = None
-    keys: Optional[Tensor] = None
+    queries: Tuple[Tensor, ...] = ()
+    keys: Tuple[Tensor, ...] = ()
     terms: int = 0
 
     @classmethod
@@ -87,7 +92,9 @@ class ResidualState(NamedTuple):
         """``A_n`` as a float32 ``[B, H, T, S]`` tensor, whichever kernel produced it."""
         if self.scores is not None:
             return self.scores
-        return torch.matmul(self.queries.float(), self.keys.float().transpose(-1, -2))
+        q = torch.cat(self.queries, dim=-1).float()
+        k = torch.cat(self.keys, dim=-1).float()
+        return torch.matmul(q, k.transpose(-1, -2))
 
 
 def auto_kernel(*, device: torch.device, training_dropout: bool, tgt_len: int, src_len: int,
@@ -313,25 +320,25 @@ class ResidualMultiheadAttention(MultiheadAttention):
     def _fused_forward(self, query, key, value, key_padding_mask, attn_mask, prev_state):
         tgt_len, bsz, _ = query.size()
         q, k, v = self._project(query, key, value)  # [B, H, T|S, d]; q scaled by 1/sqrt(d)
-        terms = 1
+        queries, keys = (q,), (k,)
         if prev_state is not None:
-            if prev_state.keys.shape[:3] != k.shape[:3] or prev_state.queries.shape[:3] != q.shape[:3]:
+            if prev_state.keys[0].shape != k.shape or prev_state.queries[0].shape != q.shape:
                 raise ValueError(
-                    f"the previous layer's queries/keys have shapes {tuple(prev_state.queries.shape)}"
-                    f"/{tuple(prev_state.keys.shape)}, expected batch x heads x length of "
-                    f"{tuple(q.shape[:3])}/{tuple(k.shape[:3])}"
+                    f"the previous layer's queries/keys have shapes {tuple(prev_state.queries[0].shape)}"
+                    f"/{tuple(prev_state.keys[0].shape)}, expected {tuple(q.shape)}/{tuple(k.shape)} "
+                    "(batch x heads x length x head dim of this layer)"
                 )
-            q = torch.cat([prev_state.queries, q], dim=-1)
-            k = torch.cat([prev_state.keys, k], dim=-1)
-            terms += prev_state.terms
-        out = F.scaled_dot_product_attention(
-            q, k, _pad_values(v, q.size(-1)),
-            attn_mask=_sdpa_mask(key_padding_mask, attn_mask, q.dtype, tgt_len, k.size(2)),
-            dropout_p=self._dropout_p(),
-            scale=1.0 / self._divisor(terms),  # q already carries 1/sqrt(d)
-        )
-        output = self._project_out(out[..., : self.head_dim], tgt_len, bsz)
-        return output, None, ResidualState(queries=q, keys=k, terms=terms)
+            queries, keys = prev_state.queries + queries, prev_state.keys + keys
+        terms = len(queries)
+        mask = _sdpa_mask(key_padding_mask, attn_mask, q.dtype, tgt_len, k.size(2))
+        args = (mask, self._dropout_p(), 1.0 / self._divisor(terms), terms)
+        if terms > 1 and torch.is_grad_enabled():
+            # recomputed in backward: autograd keeps the per-layer q/k, never their n*d-wide concatenation
+            out = checkpoint(_stacked_attention, *args, *queries, *keys, v, use_reentrant=False)
+        else:
+            out = _stacked_attention(*args, *queries, *keys, v)
+        output = self._project_out(out, tgt_len, bsz)
+        return output, None, ResidualState(queries=queries, keys=keys, terms=terms)
 
     def _project(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor]):
         """fairseq's q/k/v projections for a full pass, as ``[B, H, T, d]`` tensors."""
@@ -346,6 +353,17 @@ class ResidualMultiheadAttention(MultiheadAttention):
     def _heads(self, x: Tensor) -> Tensor:
         length, bsz, _ = x.size()
         return x.view(length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+
+def _stacked_attention(mask: Optional[Tensor], dropout_p: float, scale: float, terms: int, *tensors: Tensor):
+    """``softmax(scale * [q_1..q_n] [k_1..k_n]^T + mask) v`` with SDPA; ``tensors`` are
+    ``q_1..q_n, k_1..k_n, v``. Returns ``[B, H, T, d]``."""
+    q = torch.cat(tensors[:terms], dim=-1) if terms > 1 else tensors[0]
+    k = torch.cat(tensors[terms:2 * terms], dim=-1) if terms > 1 else tensors[terms]
+    v = tensors[-1]
+    out = F.scaled_dot_product_attention(q, k, _pad_values(v, q.size(-1)), attn_mask=mask,
+                                         dropout_p=dropout_p, scale=scale)  # q carries 1/sqrt(d)
+    return out[..., : v.size(-1)]
 
 
 def _pad_values(v: Tensor, qk_dim: int) -> Tensor:
