@@ -20,6 +20,7 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
+from .dropout_names import use_fairseq_dropout_names
 from .residual_attention import ResidualMultiheadAttention, ResidualState
 
 
@@ -98,6 +99,7 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
         # read by build_self_attention, which fairseq's __init__ calls
         self._residual_args = dict(residual=residual, mode=mode, kernel=kernel)
         super().__init__(cfg)
+        use_fairseq_dropout_names(self, "TransformerEncoderLayerBase")
 
     def build_self_attention(self, embed_dim, cfg):
         return build_attention(
@@ -159,6 +161,7 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
         self._self_residual_args = dict(residual=self_residual, mode=mode, kernel=kernel)
         self._cross_residual_args = dict(residual=cross_residual, mode=mode, kernel=kernel)
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
+        use_fairseq_dropout_names(self, "TransformerDecoderLayerBase")
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         return build_attention(

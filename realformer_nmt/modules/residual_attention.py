@@ -53,6 +53,8 @@ from torch.utils.checkpoint import checkpoint
 from fairseq import utils
 from fairseq.modules import MultiheadAttention
 
+from .dropout_names import use_fairseq_dropout_names
+
 RESIDUAL_MODES = ("sum", "mean")
 KERNELS = ("auto", "materialized", "fused")
 
@@ -156,6 +158,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         self.residual = residual
         self.mode = mode
         self.kernel = kernel
+        use_fairseq_dropout_names(self, "MultiheadAttention")
 
     def extra_repr(self) -> str:
         if not self.residual:

@@ -10,6 +10,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
 from ... import residual_config
 from ...errors import ConfigError
 from ...modules.realformer_layer import RealFormerDecoderLayer, wrap_layer
+from ...modules.dropout_names import use_fairseq_dropout_names
 from ...modules.residual_attention import ResidualState
 
 
@@ -36,6 +37,7 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
             cfg, dictionary, embed_tokens,
             no_encoder_attn=no_encoder_attn, output_projection=output_projection,
         )
+        use_fairseq_dropout_names(self, "TransformerDecoder")
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         layer = RealFormerDecoderLayer(

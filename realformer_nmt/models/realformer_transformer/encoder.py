@@ -9,6 +9,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerEncoderBase
 
 from ... import residual_config
 from ...modules.realformer_layer import RealFormerEncoderLayer, wrap_layer
+from ...modules.dropout_names import use_fairseq_dropout_names
 from ...modules.residual_attention import ResidualState
 
 
@@ -25,6 +26,7 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
         # read by build_encoder_layer during fairseq's __init__
         self.residual = residual_config.resolve(cfg, available=self.RESIDUAL_PATHS)
         super().__init__(cfg, dictionary, embed_tokens)
+        use_fairseq_dropout_names(self, "TransformerEncoder")
 
     def build_encoder_layer(self, cfg):
         layer = RealFormerEncoderLayer(
