@@ -14,11 +14,13 @@ plugin loaded get them too.
 | interactive_utf8            | fairseq-interactive dies on invalid UTF-8                    |
 | batch_thread_exit           | finished runs abort (SIGABRT) at exit on Python 3.11         |
 | data_dir_checks             | tracebacks instead of one line for a bad data dir            |
+| cpu_bf16                    | --bf16 is TPU-only (bf16 on CPU); --fp16 on CPU dies late    |
 """
 
 from . import (
     atomic_checkpoint_copies,
     batch_thread_exit,
+    cpu_bf16,
     data_dir_checks,
     interactive_utf8,
     keep_last_batch,
@@ -32,6 +34,7 @@ PATCHES = (
     interactive_utf8,
     batch_thread_exit,
     data_dir_checks,
+    cpu_bf16,
 )
 
 

@@ -1,0 +1,133 @@
+"""bf16 mixed precision without a TPU: ``fairseq-train --cpu --bf16`` (and
+``--memory-efficient-bf16``) trains through fairseq's own ``FP16Optimizer`` /
+``MemoryEfficientFP16Optimizer``; ``--fp16`` on CPU is refused with one sentence.
+
+Bugs (fairseq 0.12.2; the first is still in ``options.py`` on fairseq's main branch):
+
+1. ``options.parse_args_and_arch`` turns ``--bf16`` (and ``--memory-efficient-bf16``)
+   into ``--tpu``, so ``fairseq-train --cpu --bf16`` asks torch_xla for a device and
+   dies with ``'NoneType' object has no attribute 'xla_device'``. Yet the trainer's bf16
+   path is device-neutral: the model is cast to bfloat16, ``FP16Optimizer`` keeps fp32
+   master weights (one per parameter: fairseq never flattens them for bf16),
+   ``MemoryEfficientFP16Optimizer`` keeps fp32 Adam moments, and no loss scaler is used.
+2. ``fairseq-generate``/``fairseq-interactive``/the hub interface ignore ``--bf16``
+   (they cast to half for ``--fp16`` only): a bf16 model is decoded in float32.
+3. ``--fp16`` training needs CUDA in two places: ``FP16Optimizer`` keys its flat fp32
+   master buffer by ``torch.cuda.current_device()`` ("Torch not compiled with CUDA
+   enabled" on CPU), and ``Trainer.train_step`` answers a gradient overflow with
+   ``torch.tensor(0.0).cuda()``, inline. The first could be avoided (per-parameter
+   masters, ``--fp16-no-flatten-grads``, do train on CPU), the second not without
+   copying ``train_step``: a CPU fp16 run would die at the loss scaler's first overflow.
+
+Fixes, each at one seam, no fairseq function copied:
+
+1. ``options.parse_args_and_arch`` is wrapped: after fairseq's own post-processing,
+   ``--bf16`` keeps implying ``--tpu`` only where a TPU can be used (torch_xla importable
+   and no ``--cpu``). ``--tpu`` given explicitly is left alone. (On a CUDA machine without
+   torch_xla, ``--bf16`` thus stops crashing too and runs the same device-neutral path on
+   the GPU; that case is not tested here, having no GPU.)
+2. ``BaseFairseqModel.prepare_for_inference_`` (which generate, interactive and the hub
+   interface call on every model) is wrapped: with ``--bf16`` and not ``--fp16`` the model
+   is cast to bfloat16, as fairseq casts it to half for ``--fp16``.
+3. ``Trainer.__init__`` is wrapped: ``--fp16``/``--memory-efficient-fp16`` on CPU raise
+   a :class:`~realformer_nmt.errors.ConfigError` before anything is built, saying to use
+   ``--bf16``. (Decoding with ``--fp16 --cpu`` works and is left alone.)
+
+How to tell when fairseq no longer needs it: with the wrappers removed (``uninstall()``),
+``options.parse_args_and_arch`` leaves ``tpu`` off for ``--cpu --bf16``, a bf16
+``prepare_for_inference_`` leaves bfloat16 parameters, and ``fairseq-train --cpu --fp16``
+survives an overflowing loss scale (``--fp16-init-scale 1048576``).
+``tests/test_mixed_precision_cpu.py::test_fairseq_alone_cannot_train_mixed_precision_on_cpu``
+checks what fairseq does alone and fails once fairseq is fixed.
+"""
+
+import functools
+import sys
+
+import torch
+
+from fairseq import options
+from fairseq import utils as fairseq_utils
+from fairseq.models.fairseq_model import BaseFairseqModel
+from fairseq.trainer import Trainer
+
+from ..errors import ConfigError
+
+_FIXED = "__realformer_fixed__"
+
+FP16_ON_CPU = (
+    "--fp16 trains on CUDA GPUs only (fairseq 0.12's loss scaler calls CUDA when a gradient "
+    "overflows); on CPU use --bf16 or --memory-efficient-bf16"
+)
+
+
+def tpu_possible() -> bool:
+    """torch_xla is importable (fairseq imports it as ``utils.xm`` when it is)."""
+    return getattr(fairseq_utils, "xm", None) is not None
+
+
+def bf16_without_tpu(parse_args_and_arch):
+    @functools.wraps(parse_args_and_arch)
+    def wrapper(parser, input_args=None, *args, **kwargs):
+        result = parse_args_and_arch(parser, input_args, *args, **kwargs)
+        parsed = result[0] if isinstance(result, tuple) else result
+        words = sys.argv[1:] if input_args is None else [str(w) for w in input_args]
+        if (
+            getattr(parsed, "bf16", False)
+            and getattr(parsed, "tpu", False)
+            and (getattr(parsed, "cpu", False) or not tpu_possible())
+            and "--tpu" not in words
+        ):
+            parsed.tpu = False  # fairseq set it only because of --bf16
+        return result
+
+    setattr(wrapper, _FIXED, True)
+    return wrapper
+
+
+def bf16_for_inference(prepare_for_inference_):
+    @functools.wraps(prepare_for_inference_)
+    def wrapper(self, cfg):
+        common = getattr(cfg, "common", None)
+        if getattr(common, "bf16", False) and not getattr(common, "fp16", False):
+            self.to(dtype=torch.bfloat16)
+        return prepare_for_inference_(self, cfg)
+
+    setattr(wrapper, _FIXED, True)
+    return wrapper
+
+
+def trains_on_cpu(common) -> bool:
+    """Where fairseq's Trainer puts the model (its own rule: CUDA unless --cpu/--tpu)."""
+    return not common.tpu and (common.cpu or not torch.cuda.is_available())
+
+
+def no_fp16_on_cpu(init):
+    @functools.wraps(init)
+    def wrapper(self, cfg, *args, **kwargs):
+        if cfg.common.fp16 and trains_on_cpu(cfg.common):
+            raise ConfigError(FP16_ON_CPU)
+        return init(self, cfg, *args, **kwargs)
+
+    setattr(wrapper, _FIXED, True)
+    return wrapper
+
+
+_SEAMS = (
+    (options, "parse_args_and_arch", bf16_without_tpu),
+    (BaseFairseqModel, "prepare_for_inference_", bf16_for_inference),
+    (Trainer, "__init__", no_fp16_on_cpu),
+)
+
+
+def install():
+    for owner, name, fix in _SEAMS:
+        if not getattr(getattr(owner, name), _FIXED, False):
+            setattr(owner, name, fix(getattr(owner, name)))
+
+
+def uninstall():
+    """Restore fairseq's own functions (tests use this to see what fairseq does alone)."""
+    for owner, name, _ in _SEAMS:
+        if getattr(getattr(owner, name), _FIXED, False):
+            setattr(owner, name, getattr(owner, name).__wrapped__)
