@@ -22,5 +22,6 @@ if residual_config.tag_checkpoint not in fairseq_patches.safe_checkpoint_loading
     fairseq_patches.safe_checkpoint_loading.AFTER_LOAD_HOOKS.append(residual_config.tag_checkpoint)
 
 from . import models  # noqa: E402,F401  (registers the models and architectures)
+from . import criterions, tasks  # noqa: E402,F401  (registers the pre-training objectives)
 
 __version__ = "0.1.0"

@@ -443,13 +443,7 @@ def test_bad_inputs_are_one_clear_sentence(trained, data_bin, tmp_path):
 def trained_roberta(tmp_path_factory):
     """fairseq's ``roberta`` on a tiny masked-LM corpus (fairseq-preprocess --only-source)."""
     from cli_helpers import write_reversal_corpus
-    from fairseq.data import TokenBlockDataset
 
-    try:  # what masked_lm builds its blocks with
-        TokenBlockDataset([torch.tensor([4, 2])], np.array([2]), block_size=4, pad=1, eos=2, break_mode="eos")
-    except AttributeError as exc:
-        pytest.skip(f"fairseq's masked_lm cannot load data here (TokenBlockDataset: {exc}; numpy 2 dropped "
-                    "np.compat); runs once the encoder-pretraining work patches it")
     raw = tmp_path_factory.mktemp("mlm_raw")
     write_reversal_corpus(raw)
     data = tmp_path_factory.mktemp("mlm_bin")

@@ -79,15 +79,22 @@ def read_parallel(src_path, tgt_path):
 
 def train_sentencepiece(raw_dir, out_prefix, vocab_size, model_type="bpe", max_sentences=0):
     """Train a joint SentencePiece model on ``train.en`` + ``train.de``; return the .model path."""
+    inputs = [os.path.join(raw_dir, f"train.{lang}") for lang in LANGS]
+    return train_sentencepiece_on(inputs, out_prefix, vocab_size, model_type, max_sentences)
+
+
+def train_sentencepiece_on(inputs, out_prefix, vocab_size, model_type="bpe", max_sentences=0, **options):
+    """Train a SentencePiece model on the text files ``inputs``; return the .model path.
+
+    ``options``: further ``SentencePieceTrainer`` options (e.g. ``user_defined_symbols``)."""
     import sentencepiece as spm
 
-    inputs = [os.path.join(raw_dir, f"train.{lang}") for lang in LANGS]
     os.makedirs(os.path.dirname(os.path.abspath(out_prefix)), exist_ok=True)
     spm.SentencePieceTrainer.train(
         input=",".join(inputs), model_prefix=out_prefix, vocab_size=vocab_size,
         model_type=model_type, character_coverage=1.0, hard_vocab_limit=False,
         input_sentence_size=max_sentences, shuffle_input_sentence=True,
-        num_threads=1, minloglevel=2,
+        num_threads=1, minloglevel=2, **options,
     )
     return out_prefix + ".model"
 
@@ -114,11 +121,20 @@ def binarize(spm_dir, dest_dir, src="en", tgt="de", joined_dictionary=True, work
         cmd += [flag, os.path.join(spm_dir, f"{split}.spm")]
     if joined_dictionary:
         cmd.append("--joined-dictionary")
+    _run_preprocess(cmd)
+    return dest_dir
+
+
+def fairseq_preprocess(*args):
+    """Run ``fairseq-preprocess`` (same interpreter) with ``args``; DataError on failure."""
+    _run_preprocess([sys.executable, "-m", "fairseq_cli.preprocess", *map(str, args)])
+
+
+def _run_preprocess(cmd):
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         raise DataError(f"fairseq-preprocess failed (exit {proc.returncode}):\n{tail}")
-    return dest_dir
 
 
 def _dict_size(path):

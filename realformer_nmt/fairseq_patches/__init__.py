@@ -15,6 +15,7 @@ plugin loaded get them too.
 | batch_thread_exit           | finished runs abort (SIGABRT) at exit on Python 3.11         |
 | data_dir_checks             | tracebacks instead of one line for a bad data dir            |
 | cpu_bf16                    | --bf16 is TPU-only (bf16 on CPU); --fp16 on CPU dies late    |
+| numpy2_compat               | numpy 2 removals: eos token blocks, --num-batch-buckets      |
 """
 
 from . import (
@@ -24,6 +25,7 @@ from . import (
     data_dir_checks,
     interactive_utf8,
     keep_last_batch,
+    numpy2_compat,
     safe_checkpoint_loading,
 )
 
@@ -35,6 +37,7 @@ PATCHES = (
     batch_thread_exit,
     data_dir_checks,
     cpu_bf16,
+    numpy2_compat,
 )
 
 

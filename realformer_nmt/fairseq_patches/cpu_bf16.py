@@ -33,7 +33,7 @@ Fixes, each at one seam, no fairseq function copied:
    a :class:`~realformer_nmt.errors.ConfigError` before anything is built, saying to use
    ``--bf16``. (Decoding with ``--fp16 --cpu`` works and is left alone.)
 
-How to tell when fairseq no longer needs it: with the wrappers removed (``uninstall()``),
+When it is no longer needed (how to tell): with the wrappers removed (``uninstall()``),
 ``options.parse_args_and_arch`` leaves ``tpu`` off for ``--cpu --bf16``, a bf16
 ``prepare_for_inference_`` leaves bfloat16 parameters, and ``fairseq-train --cpu --fp16``
 survives an overflowing loss scale (``--fp16-init-scale 1048576``).

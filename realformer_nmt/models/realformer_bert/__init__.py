@@ -1,0 +1,3 @@
+from .model import RealFormerBertEncoder, RealFormerBertModel
+
+__all__ = ["RealFormerBertModel", "RealFormerBertEncoder"]

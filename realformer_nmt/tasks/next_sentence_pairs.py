@@ -1,0 +1,249 @@
+"""BERT's sentence pairs for next-sentence prediction, on fairseq's line datasets.
+
+The input is a fairseq indexed dataset of lines (sentences or paragraphs, each ending
+with EOS) in which an EOS-only line (an empty line of the raw text) separates documents,
+as ``scripts/prepare_pretraining_data.py`` writes it.
+
+* **Segments** (fixed once): every document is cut into consecutive segments of at most
+  ``segment_size`` tokens; whole lines are packed greedily, a line longer than that is
+  split into near-equal pieces.
+* **Pairs** (drawn per epoch and index, from ``seed``): the segments of a document are
+  taken two by two, ``(s0, s1), (s2, s3), ...`` (as BERT cuts a chunk into A and B, so an
+  epoch reads every token about once). Item ``i`` has ``A`` = the first of its two, and
+  ``B`` = the second with probability ``next_prob`` (label 1, "is next"), else a segment
+  drawn uniformly from the *other* documents (label 0, "random").
+* :class:`PairWithSpecialsDataset` lays a pair out as ``<s> A </s> B </s>`` (BERT's
+  ``[CLS] A [SEP] B [SEP]``; ``</s>`` is RoBERTa's separator, ``--separator-token 2``),
+  at most ``2 * segment_size + 3`` tokens. Masking (fairseq's ``MaskTokensDataset``)
+  is applied to ``A + B`` before the special tokens go in, so they are never masked.
+"""
+
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from fairseq.data import BaseWrapperDataset, FairseqDataset
+
+from ..errors import DataError
+
+SPECIAL_TOKENS = 3  # <s>, the separator and the final </s>
+
+
+def segment_size_for(tokens_per_sample: int) -> int:
+    """The longest segment such that ``<s> A </s> B </s>`` fits ``tokens_per_sample``."""
+    return (tokens_per_sample - SPECIAL_TOKENS) // 2
+
+
+def document_spans(sizes):
+    """``[(first_line, end_line)]`` of the documents: runs of lines longer than one
+    token (an EOS-only line is an empty line of the raw text, a separator)."""
+    spans, start = [], None
+    for i, size in enumerate(sizes):
+        if size > 1 and start is None:
+            start = i
+        elif size <= 1 and start is not None:
+            spans.append((start, i))
+            start = None
+    if start is not None:
+        spans.append((start, len(sizes)))
+    return spans
+
+
+def build_segments(sizes, segment_size):
+    """Cut every document into segments of at most ``segment_size`` tokens.
+
+    Returns ``(segments, segment_doc)``: ``segments[k] = (start, end)`` in the flat token
+    stream of the dataset (lines concatenated in order), ``segment_doc[k]`` its document.
+    """
+    if segment_size < 1:
+        raise DataError("--tokens-per-sample is too small for a sentence pair (need at least 5)")
+    sizes = np.asarray(sizes, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    segments, segment_doc = [], []
+    for doc, (first, end) in enumerate(document_spans(sizes)):
+        seg_start = seg_end = offsets[first]
+        for line in range(first, end):
+            line_start, line_end = offsets[line], offsets[line + 1]
+            size = line_end - line_start
+            if seg_end - seg_start + size <= segment_size:
+                seg_end = line_end  # the whole line fits: pack it
+                continue
+            if seg_end > seg_start:
+                segments.append((seg_start, seg_end))
+                segment_doc.append(doc)
+            if size <= segment_size:
+                seg_start, seg_end = line_start, line_end
+                continue
+            pieces = -(-size // segment_size)  # a long line: near-equal pieces
+            bounds = line_start + (np.arange(pieces + 1) * size) // pieces
+            for a, b in zip(bounds[:-2], bounds[1:-1]):
+                segments.append((int(a), int(b)))
+                segment_doc.append(doc)
+            seg_start, seg_end = bounds[-2], line_end
+        if seg_end > seg_start:
+            segments.append((seg_start, seg_end))
+            segment_doc.append(doc)
+    return np.asarray(segments, dtype=np.int64).reshape(-1, 2), np.asarray(segment_doc, dtype=np.int64)
+
+
+class NextSentencePairsDataset(FairseqDataset):
+    """Item ``i``: the tokens of ``A + B`` (no special tokens) for pair ``i``.
+
+    ``pair(i)`` gives ``(len_a, len_b, is_next)`` of the same draw; both are functions of
+    ``(seed, epoch, i)`` only, so every view of a pair agrees.
+    """
+
+    def __init__(self, lines, sizes, tokens_per_sample, seed=1, next_prob=0.5, split="train"):
+        super().__init__()
+        self.lines = lines
+        self.segment_size = segment_size_for(tokens_per_sample)
+        self.seed = seed
+        self.next_prob = next_prob
+        sizes = np.asarray(sizes, dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)])
+        self.segments, self.segment_doc = build_segments(sizes, self.segment_size)
+        n_docs = int(self.segment_doc.max()) + 1 if len(self.segment_doc) else 0
+        if n_docs < 2:
+            raise DataError(
+                f"--task masked_lm_nsp needs at least 2 documents in the {split} data (found {n_docs}): "
+                "separate documents with empty lines or WikiText ' = Title = ' headings"
+            )
+        # documents' segments are contiguous: [doc_first[d], doc_first[d + 1])
+        self.doc_first = np.searchsorted(self.segment_doc, np.arange(n_docs + 1))
+        # item i -> segment A: every other segment of a document, when one follows it
+        position = np.arange(len(self.segments)) - self.doc_first[self.segment_doc]
+        has_next = np.zeros(len(self.segments), dtype=bool)
+        has_next[:-1] = self.segment_doc[1:] == self.segment_doc[:-1]
+        self.first_segments = np.nonzero(has_next & (position % 2 == 0))[0]
+        if len(self.first_segments) == 0:
+            raise DataError(f"no document of the {split} data has two segments: use a smaller --tokens-per-sample")
+        seg_len = self.segments[:, 1] - self.segments[:, 0]
+        # size bound: B may be any segment, at most segment_size tokens
+        self._sizes = seg_len[self.first_segments] + self.segment_size
+        self.epoch = 1
+
+    @property
+    def sizes(self):
+        """Upper bounds of ``len(A) + len(B)`` (B changes with the epoch)."""
+        return self._sizes
+
+    def __len__(self):
+        return len(self.first_segments)
+
+    @property
+    def can_reuse_epoch_itr_across_epochs(self):
+        return True  # sizes are bounds that hold for every epoch
+
+    def set_epoch(self, epoch, **unused):
+        super().set_epoch(epoch)
+        self.epoch = epoch
+
+    def pair(self, index):
+        """``(len_a, len_b, is_next)`` of pair ``index`` in the current epoch."""
+        a, b, is_next = self._draw(self.seed, self.epoch, index)
+        return self._len(a), self._len(b), is_next
+
+    def __getitem__(self, index):
+        return self._tokens(self.seed, self.epoch, index)
+
+    @lru_cache(maxsize=16)
+    def _tokens(self, seed, epoch, index):
+        a, b, _ = self._draw(seed, epoch, index)
+        return torch.cat([self._read(*self.segments[a]), self._read(*self.segments[b])])
+
+    @lru_cache(maxsize=64)
+    def _draw(self, seed, epoch, index):
+        """Segment indices ``(a, b)`` and the label of pair ``index``."""
+        a = int(self.first_segments[index])
+        rng = np.random.default_rng([seed, epoch, index])
+        if rng.random() < self.next_prob:
+            return a, a + 1, True
+        doc = self.segment_doc[a]
+        lo, hi = self.doc_first[doc], self.doc_first[doc + 1]
+        b = int(rng.integers(len(self.segments) - (hi - lo)))
+        if b >= lo:
+            b += hi - lo  # skip A's own document
+        return a, b, False
+
+    def _len(self, segment):
+        start, end = self.segments[segment]
+        return int(end - start)
+
+    def _read(self, start, end):
+        """Tokens ``[start, end)`` of the flat stream (they may span several lines)."""
+        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        parts, line = [], first
+        while self.offsets[line] < end:
+            lo = max(start, self.offsets[line]) - self.offsets[line]
+            hi = min(end, self.offsets[line + 1]) - self.offsets[line]
+            parts.append(self.lines[line][lo:hi])
+            line += 1
+        return torch.cat(parts).long()
+
+    def num_tokens(self, index):
+        return self._sizes[index] + SPECIAL_TOKENS
+
+    def size(self, index):
+        return self._sizes[index] + SPECIAL_TOKENS
+
+    @property
+    def supports_prefetch(self):
+        return False
+
+
+class PairWithSpecialsDataset(BaseWrapperDataset):
+    """``<s> A </s> B </s>`` from ``dataset`` items (``A + B``, masked or not).
+
+    ``bos``/``sep``/``eos``: the special tokens; pass the padding index for all three to
+    lay out MLM targets (specials are never predicted)."""
+
+    def __init__(self, dataset, pairs: NextSentencePairsDataset, bos, sep, eos):
+        super().__init__(dataset)
+        self.pairs = pairs
+        self.bos, self.sep, self.eos = bos, sep, eos
+
+    def __getitem__(self, index):
+        item = self.dataset[index]
+        len_a, len_b, _ = self.pairs.pair(index)
+        assert len(item) == len_a + len_b, "pair item and layout disagree"
+        out = item.new_empty(len_a + len_b + SPECIAL_TOKENS)
+        out[0], out[1 + len_a], out[-1] = self.bos, self.sep, self.eos
+        out[1:1 + len_a] = item[:len_a]
+        out[2 + len_a:-1] = item[len_a:]
+        return out
+
+    @property
+    def sizes(self):
+        return self.pairs.sizes + SPECIAL_TOKENS
+
+    def num_tokens(self, index):
+        return self.pairs.num_tokens(index)
+
+    def size(self, index):
+        return self.pairs.size(index)
+
+    def set_epoch(self, epoch):
+        super().set_epoch(epoch)
+        self.pairs.set_epoch(epoch)
+
+
+class NextSentenceLabelDataset(FairseqDataset):
+    """1 when ``B`` follows ``A`` in its document, 0 when it is a random segment."""
+
+    def __init__(self, pairs: NextSentencePairsDataset):
+        super().__init__()
+        self.pairs = pairs
+
+    def __getitem__(self, index):
+        return int(self.pairs.pair(index)[2])
+
+    def __len__(self):
+        return len(self.pairs)
+
+    def collater(self, samples):
+        return torch.tensor(samples, dtype=torch.long)
+
+    def set_epoch(self, epoch):
+        super().set_epoch(epoch)
+        self.pairs.set_epoch(epoch)
