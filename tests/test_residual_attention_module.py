@@ -206,3 +206,20 @@ def test_fused_kernel_stores_no_t_by_s_tensor():
         biggest[kernel] = max(saved)
     assert biggest["materialized"] >= H * T_long * T_long
     assert biggest["fused"] < T_long * T_long
+
+
+def test_auto_rule_runs_the_first_layer_fused_and_the_rest_materialized(x):
+    """The rule written next to auto_kernel, as the module applies it."""
+    mods = stack("auto", "sum", 3)
+    with torch.no_grad():
+        kinds = []
+        state = None
+        for m in mods:
+            _, _, state = m(x, x, x, prev_state=state, need_weights=False)
+            kinds.append("fused" if state.fused else "materialized")
+    assert kinds == ["fused", "materialized", "materialized"]
+    m = ResidualMultiheadAttention(C, H, dropout=0.1, self_attention=True, residual=True, kernel="auto").train()
+    assert m.kernel_for(x, x, None, False, None) == "materialized"  # CPU: no dropout in its fused kernel
+    assert m.eval().kernel_for(x, x, None, False, None) == "fused"
+    assert m.kernel_for(x, x, {}, False, None) == "materialized"  # cached decoding
+    assert m.kernel_for(x, x, None, True, None) == "materialized"  # weights requested

@@ -99,35 +99,33 @@ class ResidualState(NamedTuple):
         return torch.matmul(q, k.transpose(-1, -2))
 
 
-def auto_kernel(*, device: torch.device, training_dropout: bool, tgt_len: int, src_len: int,
-                terms: int) -> str:
-    """The kernel ``auto`` runs for layer ``terms`` of a path, on a full (uncached) pass.
+def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int) -> str:
+    """The kernel ``auto`` runs for layer ``terms`` of a path on a full (uncached) pass.
 
-    Measured with ``python -m realformer_nmt.experiments.kernel_timing`` (attention alone,
-    forward + backward, B=8, H=8, d=64, float32; see ``results/kernel_timing_cpu.json``):
+    Rule: the first layer of a path runs ``fused`` (that call is PyTorch's own fused
+    attention with query/key head dim ``d``; the next layer forms ``A_1 = Q_1 K_1^T`` once
+    when it adds its scores), every later layer ``materialized``; on CPU with attention
+    dropout active, ``materialized`` throughout.
 
-    * CPU: PyTorch's fused CPU kernel has no attention dropout; with dropout SDPA falls
-      back to its unfused math kernel, which is slower than ours: materialized.
-      Without dropout, fused wins at every measured length and depth up to
-      ``FUSED_MAX_TERMS_CPU`` layers (its cost grows with the layer number, the
-      materialized cost does not), so later layers switch to materialized.
-    * CUDA: fused (flash / memory-efficient kernels, dropout included) while the
-      query/key head dim ``n*d`` stays within what those kernels take
-      (``FUSED_MAX_TERMS_CUDA``), materialized beyond.
+    Why, measured on this project's 2-core CPU (``python scripts/benchmark_kernels.py``,
+    attention alone, 6 layers, B=8, H=8, d=64, float32, forward + backward; table in
+    ``results/kernel_timing_cpu.json``): ``fused`` for every layer costs 1.4-1.8x
+    ``materialized`` at every length from 32 to 512, causal or not: its dot products grow
+    with the layer number (query/key head dim ``n*d``; on CPU also the zero-padded values)
+    and it recomputes its call in backward. ``fused`` for the first layer only was never
+    slower than ``materialized`` beyond noise (0.84x-1.01x its time), and it stores one layer's
+    ``T x S`` probabilities fewer. PyTorch's fused CPU kernel has no dropout (SDPA falls
+    back to its unfused math kernel), hence materialized there. On CUDA the same rule is
+    applied without having been measured (no GPU was available): re-derive it with
+    ``scripts/benchmark_kernels.py --device cuda``.
     """
-    if device.type == "cuda":
-        return "fused" if terms <= FUSED_MAX_TERMS_CUDA else "materialized"
-    if training_dropout:
+    if device.type != "cuda" and training_dropout:
         return "materialized"
-    if max(tgt_len, src_len) < FUSED_MIN_LEN_CPU:
-        return "materialized"
-    return "fused" if terms <= FUSED_MAX_TERMS_CPU else "materialized"
+    return "fused" if terms <= FUSED_MAX_TERMS else "materialized"
 
 
-# Thresholds of the ``auto`` rule (see ``auto_kernel``).
-FUSED_MAX_TERMS_CPU = 6
-FUSED_MIN_LEN_CPU = 1
-FUSED_MAX_TERMS_CUDA = 4
+# Layers of a path (counted from its first) that ``auto`` runs fused (see ``auto_kernel``).
+FUSED_MAX_TERMS = 1
 
 
 class ResidualMultiheadAttention(MultiheadAttention):
@@ -224,10 +222,8 @@ class ResidualMultiheadAttention(MultiheadAttention):
             return "materialized"  # a materialized sum cannot be split into Q and K again
         if self.kernel != "auto":
             return self.kernel
-        src_len = query.size(0) if key is None else key.size(0)
         return auto_kernel(
             device=query.device, training_dropout=self._dropout_p() > 0,
-            tgt_len=query.size(0), src_len=src_len,
             terms=(prev_state.terms if prev_state is not None else 0) + 1,
         )
 
