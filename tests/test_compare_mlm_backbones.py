@@ -1,0 +1,80 @@
+"""The masked-LM backbone comparison (issue 10, item 8) on the real WikiText-2 text:
+well-formed results, identical recipes except the backbone flags, MLM accuracy equal to
+fairseq-validate's own count, reuse of finished runs."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from realformer_nmt.experiments import mlm_compare
+
+from bert_helpers import prepared_wikitext2
+from conftest import REPO, USER_DIR, cli_env
+
+
+def tiny_recipe(**overrides):
+    settings = dict(layers=1, embed_dim=32, ffn_dim=64, heads=2, tokens_per_sample=32, batch_size=8,
+                    warmup_updates=2, max_update=6, validate_interval_updates=3, max_valid_steps=2,
+                    validate_batch_size=512)
+    settings.update(overrides)
+    return mlm_compare.MLMRecipe(**settings)
+
+
+@pytest.fixture(scope="module")
+def wikitext2(tmp_path_factory):
+    return prepared_wikitext2(tmp_path_factory)
+
+
+def test_mlm_comparison_writes_results_then_reuses_finished_runs(wikitext2, tmp_path):
+    out, results = tmp_path / "runs", tmp_path / "results" / "mlm.json"
+    messages = []
+    mlm_compare.compare(str(wikitext2), str(out), tiny_recipe(), results_path=str(results), threads=1,
+                        log=messages.append)
+    data = json.loads(results.read_text())  # strict JSON
+    shared = {}
+    for backbone in mlm_compare.BACKBONES:
+        entry = data[backbone]
+        assert 0 <= entry["mlm_accuracy"] <= 100 and entry["mlm_accuracy_per_seed"] == [entry["mlm_accuracy"]]
+        assert entry["updates"] == 6 and entry["seeds"] == [1]
+        assert [u for u, _ in entry["curve"]] == [3, 6]
+        assert all(math.isfinite(v) for _, v in entry["curve"] + entry["loss_curve"])
+        run = json.loads((out / backbone / "seed1" / "result.json").read_text())
+        # the reported accuracy is fairseq-validate's count over the whole validation set
+        full = run["full_valid"]
+        assert full["mlm_accuracy"] == entry["mlm_accuracy"]
+        validate_log = (out / backbone / "seed1" / "validate.log").read_text()
+        assert "valid on 'valid' subset" in validate_log and "--max-valid-steps" not in full["command"]
+        cmd = run["command"]
+        assert cmd[cmd.index("--user-dir") + 1] == USER_DIR
+        del cmd[cmd.index("--save-dir"):cmd.index("--save-dir") + 2]
+        flags = mlm_compare.backbone_flags(backbone)
+        start = cmd.index(flags[0])
+        shared[backbone] = cmd[:start] + cmd[start + len(flags):]
+    assert shared["postln"] == shared["preln"] == shared["realformer"]
+    assert "--max-positions" in shared["postln"]  # identical position tables, identical init
+    assert results.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| realformer |" in results.with_suffix(".md").read_text()
+
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.suffix in (".pt", ".log")}
+    messages.clear()
+    mlm_compare.compare(str(wikitext2), str(out), tiny_recipe(), results_path=str(results), threads=1,
+                        log=messages.append)
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert sum("already done" in m for m in messages) == 3
+
+
+def test_cli_help_and_one_line_errors(tmp_path):
+    script = str(REPO / "scripts" / "compare_mlm_backbones.py")
+    help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
+                               env=cli_env(), timeout=120).stdout
+    for flag in ("--data", "--max-update", "--seeds", "--backbones", "--objective", "--device", "--results"):
+        assert flag in help_text
+    proc = subprocess.run([sys.executable, script, "--data", str(tmp_path), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith("prepare it with scripts/prepare_pretraining_data.py")
+    with pytest.raises(Exception, match="--objective"):
+        mlm_compare.MLMRecipe(objective="nsp")
