@@ -1,0 +1,373 @@
+"""Run fairseq's command-line tools for an experiment and read back what they did.
+
+The machinery every backbone comparison shares (translation here; a masked-LM comparison
+uses the same pieces with its own evaluation):
+
+- ``train_resumable``: one ``fairseq-train`` run in its own folder. Its output is appended
+  to ``train.log`` while progress lines (with an ETA) are echoed; a finished run leaves
+  ``train.json`` and is skipped when asked again with the same command; an interrupted
+  one is restarted with the same command and fairseq resumes it from
+  ``checkpoint_last.pt``. A run that blows up (NaN/inf gradients, fp16 loss scale at its
+  minimum) is recorded as diverged instead of raising.
+- ``parse_log`` / ``valid_curve``: the ``valid on 'valid' subset`` lines of a fairseq log
+  (``--log-format simple``) as ``{"update": n, "loss": x, <every other number>}`` records,
+  so a BLEU or an accuracy logged by the task comes along for free.
+- ``generate_and_score``: ``fairseq-generate`` on a split, hypotheses put back in corpus
+  order (fairseq prints them in batch order), and sacreBLEU against the raw references.
+"""
+
+import json
+import math
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+from ..errors import RealFormerError
+
+
+class RunError(RealFormerError):
+    """A fairseq tool failed for a reason other than divergence (the message names the log)."""
+
+
+def fairseq_cli(name):
+    """Path of a fairseq console script (``fairseq-train`` ...) installed next to this interpreter."""
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    if not os.path.exists(path):
+        raise RunError(f"{path} not found: run with the Python of the environment that has fairseq")
+    return path
+
+
+def quote(cmd):
+    """A command as one copy-pasteable shell line."""
+    return " ".join(shlex.quote(str(c)) for c in cmd)
+
+
+def cli_env(threads=None):
+    """Environment for the child tools: unbuffered output; ``threads`` sets OMP_NUM_THREADS."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+# --------------------------------------------------------------------------------------
+# Reading fairseq logs
+# --------------------------------------------------------------------------------------
+
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf|infinity)"
+_PIPE_FIELD = re.compile(r"\| ([A-Za-z_]\w*) (" + _NUMBER + r")(?= \|)", re.IGNORECASE)
+_EQ_FIELD = re.compile(r"\b([A-Za-z_]\w*)=(" + _NUMBER + r")(?=,|\s|$)", re.IGNORECASE)
+
+DIVERGENCE_MARKERS = (
+    ("gradients are Nan/Inf", "NaN/inf gradients (FloatingPointError)"),
+    ("Minimum loss scale reached", "fp16 loss scale reached its minimum (loss exploding)"),
+    ("FloatingPointError", "FloatingPointError"),
+)
+
+
+def _fields(line, marker):
+    """``{name: float}`` of the numeric fields after ``marker`` in a simple-format line:
+    ``| name value | ...`` (validation, end of epoch) or ``name=value, ...`` (train_inner)."""
+    rest = line.split(marker, 1)[1]
+    pairs = _EQ_FIELD.findall(rest) or _PIPE_FIELD.findall(" |" + rest.rstrip() + " |")
+    return {name: float(value) for name, value in pairs}
+
+
+def parse_log(lines, subset="valid"):
+    """Validation records and training records of a ``--log-format simple`` fairseq-train log.
+
+    Returns ``{"valid": [...], "train": [...]}``; each record is a dict of the numeric fields
+    with ``update`` (``num_updates``) and ``loss``. Validation records are sorted by update,
+    and a later record for the same update (a resumed run repeating one) replaces the earlier.
+    """
+    valid, train = {}, {}
+    valid_marker = f"| valid on '{subset}' subset |"
+    for line in lines:
+        if valid_marker in line:
+            rec = _fields(line, valid_marker)
+            if "num_updates" in rec and "loss" in rec:
+                valid[int(rec["num_updates"])] = rec
+        elif "| train_inner |" in line:
+            rec = _fields(line, "| train_inner |")
+            if "num_updates" in rec and "loss" in rec:
+                train[int(rec["num_updates"])] = rec
+    def records(by_update):
+        return [dict(rec, update=update) for update, rec in sorted(by_update.items())]
+    return {"valid": records(valid), "train": records(train)}
+
+
+def validate_record(lines, subset="valid"):
+    """The numeric fields of ``fairseq-validate``'s summary line for ``subset`` (it has no
+    ``num_updates``), or None."""
+    marker = f"valid on '{subset}' subset |"
+    found = [line for line in lines if marker in line]
+    return _fields(found[-1].replace(marker, "| " + marker), "| " + marker) if found else None
+
+
+def valid_curve(lines, metric="loss", subset="valid"):
+    """``[[update, value], ...]`` of one validation metric (``loss``, ``bleu``, ``accuracy`` ...)."""
+    return [[rec["update"], rec[metric]] for rec in parse_log(lines, subset)["valid"] if metric in rec]
+
+
+def divergence_reason(lines):
+    """Why a fairseq-train log shows a blown-up run (None if it does not).
+
+    Divergence is an exception fairseq raises for non-finite gradients or a collapsed fp16
+    loss scale, or a non-finite training/validation loss in the log.
+    """
+    text = "\n".join(lines)
+    for needle, reason in DIVERGENCE_MARKERS:
+        if needle in text:
+            return reason
+    parsed = parse_log(lines)
+    for kind in ("train", "valid"):
+        for rec in parsed[kind]:
+            if not math.isfinite(rec["loss"]):
+                return f"non-finite {kind} loss at update {rec['update']}"
+    return None
+
+
+def read_log(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return [line.rstrip("\n") for line in f]
+    except FileNotFoundError:
+        return []
+
+
+# --------------------------------------------------------------------------------------
+# Running fairseq-train resumably
+# --------------------------------------------------------------------------------------
+
+_PROGRESS = re.compile(r"\| (train_inner|valid) \||done training|Stopping training|Loaded checkpoint|Error")
+
+
+def write_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+    os.replace(tmp, path)
+
+
+def read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def same_recipe(cmd_a, cmd_b):
+    """Whether two commands train the same run: equal but for the tool's own path and the
+    ``--user-dir`` location (a moved checkout or a frozen copy of the code still resumes)."""
+    def key(cmd):
+        cmd = [str(c) for c in (cmd or [])]
+        out, skip = [os.path.basename(cmd[0])] if cmd else [], False
+        for i, c in enumerate(cmd[1:], 1):
+            if skip:
+                skip = False
+                continue
+            if c == "--user-dir":
+                skip = True
+                continue
+            out.append(c)
+        return out
+    return key(cmd_a) == key(cmd_b)
+
+
+def _attempt_seconds(attempts, log_path):
+    """Wall seconds of all attempts; one killed without recording its end ends at the log's mtime."""
+    total = 0.0
+    for att in attempts:
+        end = att.get("end")
+        if end is None:
+            end = os.path.getmtime(log_path) if os.path.exists(log_path) else att["start"]
+        total += max(0.0, end - att["start"])
+    return total
+
+
+def _eta(first, update, max_update):
+    """`` | x upd/s, eta ..`` from ``first`` = (time, update) of this attempt's first logged update."""
+    start, first_update = first
+    if not max_update or update <= first_update:
+        return ""
+    rate = (update - first_update) / max(time.time() - start, 1e-6)
+    left = max(0, max_update - update) / rate
+    return f" | {rate:.2f} upd/s, eta {int(left // 60)}m{int(left % 60):02d}s"
+
+
+def run_logged(cmd, log_path, label="", log=print, max_update=None, env=None):
+    """Run ``cmd``, append its output to ``log_path`` and echo progress lines with an ETA.
+
+    Returns ``(returncode, lines of this attempt)``.
+    """
+    lines, first = [], None
+    with open(log_path, "a", encoding="utf-8", buffering=1) as out:
+        out.write(f"### {time.strftime('%Y-%m-%d %H:%M:%S')} running: {quote(cmd)}\n")
+        proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, encoding="utf-8", errors="replace", env=env or cli_env())
+        try:
+            for line in proc.stdout:
+                out.write(line)
+                line = line.rstrip("\n")
+                lines.append(line)
+                if _PROGRESS.search(line):
+                    match = re.search(r"num_updates[= ](\d+)", line)
+                    eta = ""
+                    if match:
+                        update = int(match.group(1))
+                        first = first or (time.time(), update)
+                        eta = _eta(first, update, max_update)
+                    log(f"{label}{line.split(' | ', 3)[-1]}{eta}")
+        finally:
+            proc.wait()
+    return proc.returncode, lines
+
+
+def train_resumable(cmd, run_dir, label="", log=print, max_update=None, env=None):
+    """Train once in ``run_dir`` (a ``--save-dir`` given in ``cmd``); return the run's record.
+
+    The record (also ``run_dir/train.json``): ``status`` ("finished" or "diverged"),
+    ``reason``, ``seconds`` (wall time over all attempts), ``updates``, ``curve`` (the
+    validation records, see ``parse_log``), ``command`` and ``log``. A finished or diverged
+    run with the same command is returned without training again; a different command in
+    the same folder is refused (it would mix two runs).
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    marker, log_path = os.path.join(run_dir, "train.json"), os.path.join(run_dir, "train.log")
+    attempts_path = os.path.join(run_dir, "attempts.json")
+    command = [str(c) for c in cmd]
+    done = read_json(marker)
+    if done is not None:
+        if not same_recipe(done.get("command"), command):
+            raise RunError(f"{run_dir} holds a run made with a different command ({marker}); "
+                           "use another --out, or delete that folder to retrain")
+        return done
+    attempts = read_json(attempts_path) or []
+    if attempts and not same_recipe(attempts[0].get("command"), command):
+        raise RunError(f"{run_dir} holds an unfinished run made with a different command "
+                       f"({attempts_path}); use another --out, or delete that folder to retrain")
+    if attempts:
+        log(f"{label}resuming (fairseq continues from checkpoint_last.pt)")
+    attempts.append({"command": command, "start": time.time(), "end": None})
+    write_json(attempts_path, attempts)
+    returncode, lines = run_logged(command, log_path, label, log, max_update, env)
+    attempts[-1]["end"] = time.time()
+    attempts[-1]["returncode"] = returncode
+    write_json(attempts_path, attempts)
+
+    all_lines = read_log(log_path)
+    reason = divergence_reason(lines)
+    if returncode != 0 and reason is None:
+        tail = "\n".join(lines[-20:])
+        raise RunError(f"fairseq-train failed with exit code {returncode} (log: {log_path}); last lines:\n{tail}")
+    parsed = parse_log(all_lines)
+    updates = [rec["update"] for rec in parsed["train"] + parsed["valid"]]
+    record = {
+        "status": "diverged" if reason else "finished",
+        "reason": reason,
+        "seconds": round(_attempt_seconds(attempts, log_path), 1),
+        "attempts": len(attempts),
+        "updates": max(updates) if updates else 0,
+        "curve": parsed["valid"],
+        "command": command,
+        "log": os.path.abspath(log_path),
+    }
+    write_json(marker, record)
+    return record
+
+
+# --------------------------------------------------------------------------------------
+# Aggregating runs
+# --------------------------------------------------------------------------------------
+
+def mean_curve(curves):
+    """``[[update, mean, min, max], ...]`` over several runs' ``[[update, value], ...]`` curves, at the
+    updates every run has (seeds of one recipe validate at the same updates)."""
+    common = set.intersection(*(set(u for u, _ in c) for c in curves)) if curves else set()
+    rows = []
+    for update in sorted(common):
+        values = [dict(c)[update] for c in curves]
+        values = [v for v in values if v is not None]
+        if values:
+            rows.append([update, statistics.mean(values), min(values), max(values)])
+    return rows
+
+
+def finite_or_none(obj):
+    """JSON-safe copy: NaN/inf become None (strict JSON has no NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    return obj
+
+
+# --------------------------------------------------------------------------------------
+# Decoding and sacreBLEU
+# --------------------------------------------------------------------------------------
+
+def parse_generate_output(lines):
+    """``{sentence id: detokenized hypothesis}`` from the ``D-<id>`` lines of fairseq-generate.
+
+    fairseq prints sentences in batch order (sorted by length), not corpus order; the id
+    is the line number in the split, which is how the caller restores the order.
+    """
+    hyps = {}
+    for line in lines:
+        match = re.match(r"D-(\d+)\t[^\t]*\t(.*)$", line)
+        if match:
+            hyps[int(match.group(1))] = match.group(2)
+        elif re.match(r"D-(\d+)\t[^\t]*$", line):  # an empty hypothesis
+            hyps[int(line.split("\t")[0][2:])] = ""
+    return hyps
+
+
+def sacrebleu_score(hypotheses, references):
+    """Corpus sacreBLEU (13a tokenization, cased) of detokenized text: (score object, signature)."""
+    import sacrebleu
+
+    bleu = sacrebleu.metrics.BLEU()
+    result = bleu.corpus_score(hypotheses, [references])
+    return result, str(bleu.get_signature())
+
+
+def generate_and_score(data, checkpoint, references, out_path, extra_args=(), subset="test",
+                       log=print, label="", env=None):
+    """Beam-search ``subset`` with ``checkpoint`` and score it with sacreBLEU against ``references``.
+
+    ``references`` is a file of raw (untokenized, cased) target sentences in corpus order;
+    ``extra_args`` must include ``--user-dir`` and a way to detokenize (``--remove-bpe
+    sentencepiece`` or ``--bpe sentencepiece --sentencepiece-model ...``). The output of
+    fairseq-generate goes to ``out_path``. Returns a dict with ``bleu``, ``sacrebleu``,
+    ``signature``, ``sentences``, ``seconds`` and ``command``.
+    """
+    cmd = [fairseq_cli("fairseq-generate"), data, "--path", checkpoint, "--gen-subset", subset,
+           *extra_args]
+    start = time.time()
+    with open(out_path, "w", encoding="utf-8") as out:
+        proc = subprocess.run([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT,
+                              env=env or cli_env())
+    seconds = time.time() - start
+    lines = read_log(out_path)
+    if proc.returncode != 0:
+        tail = "\n".join(lines[-15:])
+        raise RunError(f"fairseq-generate failed with exit code {proc.returncode} (output: {out_path}):\n{tail}")
+    with open(references, encoding="utf-8") as f:
+        refs = [line.rstrip("\n") for line in f]
+    hyps = parse_generate_output(lines)
+    if sorted(hyps) != list(range(len(refs))):
+        raise RunError(f"fairseq-generate returned {len(hyps)} hypotheses for the {len(refs)} "
+                       f"references in {references} (output: {out_path})")
+    ordered = [hyps[i] for i in range(len(refs))]
+    result, signature = sacrebleu_score(ordered, refs)
+    log(f"{label}test BLEU {result.score:.2f} ({len(refs)} sentences, decoded in {seconds:.0f}s)")
+    return {"bleu": round(result.score, 2), "sacrebleu": str(result), "signature": signature,
+            "sentences": len(refs), "seconds": round(seconds, 1), "command": [str(c) for c in cmd],
+            "output": os.path.abspath(out_path)}

@@ -1,0 +1,189 @@
+#!/usr/bin/env python
+"""Post-LN vs Pre-LN vs RealFormer on a translation corpus, with one shared recipe and budget.
+
+  # the CPU comparison in results/ (3+3 layers, d=256; one seed):
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/m30k \\
+      --threads 1 --max-update 1800 --results results/multi30k_en_de.json
+
+  # the paper's learning-rate stability test (Fig. 3), short budget:
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/lr_sweep \\
+      --lr-sweep --lrs 1e-3,3e-3,1e-2 --max-update 200 --warmup-updates 100 \\
+      --validate-interval-updates 50 --log-interval 10 --threads 1 --results results/lr_stress.json
+
+  # the full-size recipe on a GPU (transformer_iwslt_de_en dims, fp16, 3 seeds):
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/m30k_gpu \\
+      --device cuda --size iwslt --lr 5e-4 --warmup-updates 4000 --dropout 0.3 \\
+      --weight-decay 0.0001 --max-tokens 4096 --max-update 9000 --seeds 1,2,3
+
+Backbones (only these flags differ between them):
+  postln      fairseq's `transformer` (Post-LN)
+  preln       fairseq's `transformer` --encoder-normalize-before --decoder-normalize-before
+  realformer  `realformer_transformer`, residual attention on all three paths
+              (--residual-attention-mode selects sum or mean)
+Everything else (dims, Adam, inverse_sqrt schedule, dropout, label smoothing, batch,
+update budget, seed) is identical; dims are passed explicitly.
+
+Each run trains in OUT/<backbone>/seed<k>/ (OUT/lr<lr>/<backbone>/seed<k>/ with --lr-sweep):
+checkpoints, train.log (every attempt appended), generate.txt, train.json and result.json.
+The best checkpoint (by validation loss, or by validation BLEU with --select-by-bleu) is
+decoded on `test` with beam search (--remove-bpe sentencepiece) and scored with sacreBLEU
+against the raw references (cased, 13a tokenization); the signature is stored.
+
+Re-running the same command resumes: finished runs are reused, an interrupted one is
+restarted and fairseq continues it from checkpoint_last.pt. Asking for different settings
+in the same --out is refused (one folder, one recipe).
+
+Outputs: --results FILE.json (default OUT/comparison.json or OUT/lr_stress.json) plus
+FILE.md (a table) and FILE.png (validation loss against updates).
+
+--lr-sweep marks each run ok / diverged (fairseq stopped on NaN/inf gradients or a
+collapsed fp16 loss scale) / stalled (finished, but its best validation loss is more than
+--divergence-margin above the same backbone at --normal-lr).
+"""
+
+import argparse
+import logging
+import os
+import shlex
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+BACKBONES = ("postln", "preln", "realformer")
+
+
+def _csv(kind):
+    def parse(text):
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}s, got {text!r}")
+    return parse
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    io = p.add_argument_group("data and outputs")
+    io.add_argument("--data", required=True,
+                    help="binarized corpus from scripts/prepare_data.py (e.g. data-bin/multi30k_en_de)")
+    io.add_argument("--references", default=None,
+                    help="raw test references, one per line (default: <raw_dir>/test.de from DATA/prepare.json)")
+    io.add_argument("--out", required=True, help="folder for the runs: checkpoints, logs, per-run JSON")
+    io.add_argument("--results", default=None,
+                    help="summary JSON path; .md and .png are written next to it "
+                         "(default: OUT/comparison.json, or OUT/lr_stress.json with --lr-sweep)")
+    io.add_argument("--title", default="Multi30k En->De", help="corpus name used in tables and plots")
+    io.add_argument("--machine-note", default="",
+                    help="free text stored with the machine description (e.g. 'shared with other jobs')")
+
+    what = p.add_argument_group("what to train")
+    what.add_argument("--backbones", type=_csv(str), default=list(BACKBONES),
+                      help="comma list of postln, preln, realformer (default: all three)")
+    what.add_argument("--residual-attention-mode", choices=("sum", "mean"), default="sum",
+                      help="RealFormer's rule: softmax over the running sum or mean of scores (default: sum)")
+    what.add_argument("--seeds", type=_csv(int), default=[1], help="comma list of seeds (default: 1)")
+
+    model = p.add_argument_group("model size (identical for every backbone)")
+    model.add_argument("--size", choices=("small", "iwslt", "base"), default="small",
+                       help="small: 3+3 layers, 256/512/4 heads (CPU); iwslt: 6+6, 512/1024/4 "
+                            "(transformer_iwslt_de_en); base: 6+6, 512/2048/8 (default: small)")
+    model.add_argument("--layers", type=int, help="encoder and decoder layers (overrides --size)")
+    model.add_argument("--embed-dim", type=int, help="embedding dim (overrides --size)")
+    model.add_argument("--ffn-dim", type=int, help="FFN inner dim (overrides --size)")
+    model.add_argument("--heads", type=int, help="attention heads (overrides --size)")
+
+    train = p.add_argument_group("recipe and budget (identical for every backbone)")
+    train.add_argument("--lr", type=float, default=1e-3, help="peak learning rate, Adam + inverse_sqrt (default: %(default)s)")
+    train.add_argument("--warmup-updates", type=int, default=400, help="linear warmup updates (default: %(default)s)")
+    train.add_argument("--max-update", type=int, default=1800,
+                       help="update budget per run; deterministic, the same for every backbone; 1800 is "
+                            "about 7 epochs of Multi30k at --max-tokens 2048 (default: %(default)s)")
+    train.add_argument("--max-minutes", type=float, default=0.0,
+                       help="also stop each run after this much training time (fairseq --stop-time-hours; "
+                            "0 = no limit). Backbones may then get different numbers of updates (default: 0)")
+    train.add_argument("--max-tokens", type=int, default=2048, help="tokens per batch (default: %(default)s)")
+    train.add_argument("--dropout", type=float, default=0.1, help="(default: %(default)s)")
+    train.add_argument("--weight-decay", type=float, default=0.0, help="(default: %(default)s)")
+    train.add_argument("--label-smoothing", type=float, default=0.1, help="(default: %(default)s)")
+    train.add_argument("--clip-norm", type=float, default=0.0,
+                       help="gradient clipping; 0 = none, as in the paper's stability test (default: 0)")
+    train.add_argument("--validate-interval-updates", type=int, default=0,
+                       help="also validate every N updates (default: 0 = once per epoch)")
+    train.add_argument("--select-by-bleu", action="store_true",
+                       help="fairseq --eval-bleu during validation; checkpoint_best.pt is the best validation "
+                            "BLEU (slower: beam search on the validation set at every validation)")
+    train.add_argument("--log-interval", type=int, default=50,
+                       help="fairseq's training log line every N updates (default: %(default)s)")
+    train.add_argument("--beam", type=int, default=5, help="beam size for the test decode (default: %(default)s)")
+    train.add_argument("--train-args", default="",
+                       help="extra fairseq-train flags for every run, one shell-quoted string (e.g. \"--update-freq 2\")")
+
+    dev = p.add_argument_group("device")
+    dev.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                     help="cpu passes --cpu; cuda trains on the GPU with --fp16 (default: cpu)")
+    dev.add_argument("--no-fp16", action="store_true", help="with --device cuda: train in float32")
+    dev.add_argument("--threads", type=int, default=None,
+                     help="OMP_NUM_THREADS for the fairseq processes (default: inherited). On a shared "
+                          "CPU, 1 avoids threads spinning against other jobs")
+
+    sweep = p.add_argument_group("learning-rate stability sweep")
+    sweep.add_argument("--lr-sweep", action="store_true",
+                       help="train every backbone at every --lrs instead of the comparison at --lr")
+    sweep.add_argument("--lrs", type=_csv(float), default=[1e-3, 3e-3, 1e-2],
+                       help="peak learning rates of the sweep (default: 1e-3,3e-3,1e-2)")
+    sweep.add_argument("--normal-lr", type=float, default=None,
+                       help="the reference learning rate among --lrs (default: the smallest)")
+    sweep.add_argument("--divergence-margin", type=float, default=1.0,
+                       help="a finished sweep run is 'stalled' when its best valid loss is more than this "
+                            "above the same backbone at --normal-lr (default: %(default)s)")
+    args = p.parse_args(argv)
+    for b in args.backbones:
+        if b not in BACKBONES:
+            p.error(f"--backbones: unknown backbone {b!r} (choose from {', '.join(BACKBONES)})")
+    if not args.seeds:
+        p.error("--seeds: give at least one seed")
+    if args.no_fp16 and args.device != "cuda":
+        p.error("--no-fp16 only applies to --device cuda")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
+    from realformer_nmt.errors import RealFormerError
+    from realformer_nmt.experiments import compare
+
+    def log(message):
+        print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+    try:
+        recipe = compare.Recipe(
+            size=args.size, layers=args.layers, embed_dim=args.embed_dim, ffn_dim=args.ffn_dim, heads=args.heads,
+            lr=args.lr, warmup_updates=args.warmup_updates, max_update=args.max_update,
+            max_minutes=args.max_minutes, max_tokens=args.max_tokens, dropout=args.dropout,
+            weight_decay=args.weight_decay, label_smoothing=args.label_smoothing, clip_norm=args.clip_norm,
+            validate_interval_updates=args.validate_interval_updates, device=args.device,
+            fp16=False if args.no_fp16 else None, select_by_bleu=args.select_by_bleu, beam=args.beam,
+            log_interval=args.log_interval,
+            extra=shlex.split(args.train_args))
+        common = dict(backbones=args.backbones, seeds=args.seeds, residual_mode=args.residual_attention_mode,
+                      references=args.references, results_path=args.results, machine_note=args.machine_note,
+                      threads=args.threads, log=log, title=args.title)
+        if args.lr_sweep:
+            summary = compare.lr_sweep(args.data, args.out, recipe, args.lrs, normal_lr=args.normal_lr,
+                                       margin=args.divergence_margin, **common)
+            print(compare.sweep_markdown(summary))
+        else:
+            summary = compare.compare(args.data, args.out, recipe, **common)
+            print(compare.comparison_markdown(summary))
+    except RealFormerError as exc:
+        print(f"compare_backbones.py: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

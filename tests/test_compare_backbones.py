@@ -1,0 +1,305 @@
+"""The backbone comparison harness (scripts/compare_backbones.py,
+realformer_nmt/experiments/compare.py and fairseq_runs.py), through the real fairseq CLIs.
+
+Tiny models and a few updates only: these prove the plumbing (JSON/MD/PNG, sacreBLEU
+in corpus order, resume, divergence handling, --eval-bleu checkpoint selection), not
+which backbone is better.
+"""
+
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+import sacrebleu
+
+from conftest import BIN, REPO, USER_DIR, cli_env
+from realformer_nmt.data import multi30k, pipeline
+from realformer_nmt.errors import ConfigError
+from realformer_nmt.experiments import compare, fairseq_runs
+
+MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+TINY_SIZE = dict(layers=2, embed_dim=32, ffn_dim=64, heads=2)
+
+
+def _quiet(message):
+    pass
+
+
+@pytest.fixture(scope="module")
+def m30k_slice(tmp_path_factory):
+    """The first sentences of the real Multi30k splits: SentencePiece (vocab 200) + fairseq-preprocess,
+    laid out as scripts/prepare_data.py does (prepare.json names the raw text)."""
+    if not MULTI30K.is_dir():
+        pytest.skip(f"{MULTI30K} not available")
+    dest = tmp_path_factory.mktemp("m30k_slice")
+    raw, spm_dir = dest / "work" / "raw", dest / "work" / "spm"
+    sizes = {"train": 300, "valid": 24, "test": 20}
+    for split, name in multi30k.MULTI30K_FILES.items():
+        paths = [multi30k._find_raw_file(str(MULTI30K), name, lang) for lang in pipeline.LANGS]
+        pairs, _ = pipeline.read_parallel(*paths)
+        pipeline.write_split(str(raw), split, pairs[: sizes[split]])
+    model = pipeline.train_sentencepiece(str(raw), str(spm_dir / "spm"), 200)
+    pipeline.encode_files(model, str(raw), str(spm_dir))
+    pipeline.binarize(str(spm_dir), str(dest))
+    shutil.copyfile(model, dest / "spm.model")
+    (dest / "prepare.json").write_text(json.dumps({"raw_dir": str(raw)}))
+    return dest
+
+
+def tiny_recipe(**overrides):
+    settings = dict(TINY_SIZE, max_update=4, warmup_updates=2, max_tokens=1000, beam=1, log_interval=2)
+    settings.update(overrides)
+    return compare.Recipe(**settings)
+
+
+# --------------------------------------------------------------------------------------
+# The comparison, end to end
+# --------------------------------------------------------------------------------------
+
+def test_comparison_writes_results_then_reuses_finished_runs(m30k_slice, tmp_path):
+    out, results = tmp_path / "runs", tmp_path / "results" / "m30k.json"
+    messages = []
+    summary = compare.compare(str(m30k_slice), str(out), tiny_recipe(), results_path=str(results),
+                              threads=1, log=messages.append)
+
+    data = json.loads(results.read_text())  # strict JSON: no NaN
+    refs = pipeline.read_lines(str(m30k_slice / "work" / "raw" / "test.de"))
+    for backbone in ("postln", "preln", "realformer"):
+        entry = data[backbone]
+        assert math.isfinite(entry["bleu"]) and entry["bleu_per_seed"] == [entry["bleu"]]
+        assert entry["seeds"] == [1] and entry["updates"] == 4
+        assert entry["curve"] and entry["curve"][-1][0] == 4 and math.isfinite(entry["curve"][-1][1])
+        assert entry["valid_loss"] == min(v for _, v in entry["curve"])
+        # the stored BLEU is sacreBLEU of fairseq's hypotheses put back in corpus order
+        run_dir = out / backbone / "seed1"
+        hyps = {}
+        for line in (run_dir / "generate.txt").read_text(encoding="utf-8").splitlines():
+            if line.startswith("D-"):
+                fields = line.split("\t")
+                hyps[int(fields[0][2:])] = fields[2] if len(fields) > 2 else ""
+        assert sorted(hyps) == list(range(len(refs)))
+        expected = sacrebleu.corpus_bleu([hyps[i] for i in range(len(refs))], [refs])
+        assert entry["bleu"] == pytest.approx(expected.score, abs=0.006)
+        assert (run_dir / "checkpoint_best.pt").exists() and (run_dir / "train.log").exists()
+    # only the backbone flags differ, and every run loaded the plugin
+    shared = {}
+    for b in compare.BACKBONES:
+        cmd = json.loads((out / b / "seed1" / "result.json").read_text())["command"]
+        assert cmd[cmd.index("--user-dir") + 1] == USER_DIR
+        assert cmd[cmd.index("--save-dir") + 1] == str(out / b / "seed1")
+        del cmd[cmd.index("--save-dir"):cmd.index("--save-dir") + 2]
+        flags = compare.backbone_flags(b)
+        start = cmd.index(flags[0])
+        assert cmd[start:start + len(flags)] == flags
+        shared[b] = cmd[:start] + cmd[start + len(flags):]
+    assert shared["postln"] == shared["preln"] == shared["realformer"]
+    commands = {b: json.loads((out / b / "seed1" / "result.json").read_text())["command"] for b in compare.BACKBONES}
+    assert "realformer_transformer" in commands["realformer"] and "--encoder-normalize-before" in commands["preln"]
+    assert data["sacrebleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert "--max-update 4" in " ".join(data["recipe"]["shared_train_flags"])
+    assert results.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = results.with_suffix(".md").read_text()
+    assert "| realformer |" in table and "one seed" in table
+    assert any("finished 3/3" in m for m in messages)
+
+    # the same call again: nothing is retrained or re-decoded
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.suffix in (".pt", ".log", ".txt")}
+    messages.clear()
+    again = compare.compare(str(m30k_slice), str(out), tiny_recipe(), results_path=str(results),
+                            threads=1, log=messages.append)
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert sum("already done" in m for m in messages) == 3
+    assert again["realformer"]["bleu"] == summary["realformer"]["bleu"]
+
+    # a different recipe in the same folder is refused, not mixed in
+    with pytest.raises(fairseq_runs.RunError, match="different command"):
+        compare.compare(str(m30k_slice), str(out), tiny_recipe(max_update=5), backbones=("postln",),
+                        threads=1, log=_quiet)
+
+
+def test_interrupted_run_resumes_from_checkpoint_last(m30k_slice, tmp_path):
+    """A run killed after its first checkpoint is restarted by the same call and fairseq
+    continues from checkpoint_last.pt (the log shows the restore; updates add up)."""
+    recipe = tiny_recipe(max_update=6, extra=["--save-interval-updates", "3"])
+    run_dir = tmp_path / "realformer" / "seed1"
+    cmd = compare.train_command(str(m30k_slice), "realformer", recipe, 1, str(run_dir))
+    # the first attempt: the same command with a smaller budget, stopped at update 3, as if killed
+    first = [c if c != "6" or cmd[i - 1] != "--max-update" else "3" for i, c in enumerate(cmd)]
+    run_dir.mkdir(parents=True)
+    subprocess.run(first, check=True, capture_output=True, env=cli_env())
+    (run_dir / "attempts.json").write_text(json.dumps([{"command": cmd, "start": 0.0, "end": None}]))
+    record = fairseq_runs.train_resumable(cmd, str(run_dir), log=_quiet, env=cli_env())
+    log = (run_dir / "train.log").read_text()
+    assert "Loaded checkpoint" in log and "(epoch 1 @ 3 updates)" in log
+    assert record["status"] == "finished" and record["updates"] == 6 and record["attempts"] == 2
+    assert [rec["update"] for rec in record["curve"]][-1] == 6
+
+
+# --------------------------------------------------------------------------------------
+# The learning-rate sweep
+# --------------------------------------------------------------------------------------
+
+def test_sweep_marks_nan_run_diverged_without_crashing(m30k_slice, tmp_path):
+    out, results = tmp_path / "sweep", tmp_path / "lr_stress.json"
+    summary = compare.lr_sweep(str(m30k_slice), str(out), tiny_recipe(), lrs=[1e-3, 1e30],
+                               backbones=("realformer",), results_path=str(results), threads=1, log=_quiet)
+    normal, absurd = summary["runs"]["realformer"]["0.001"][0], summary["runs"]["realformer"]["1e+30"][0]
+    assert normal["outcome"] == "ok" and math.isfinite(normal["bleu"])
+    assert absurd["outcome"] == "diverged" and "NaN/inf" in absurd["reason"] and absurd["bleu"] is None
+    # fairseq really blew up: its own exception is in that run's log
+    assert "FloatingPointError" in open(absurd["log"], encoding="utf-8").read()
+    data = json.loads(results.read_text())
+    assert data["normal_lr"] == 1e-3 and "stalled" in data["divergence_rule"]
+    assert "**diverged**" in results.with_suffix(".md").read_text()
+    assert results.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    # a re-run keeps the diverged outcome instead of training it again
+    log_size = os.path.getsize(absurd["log"])
+    again = compare.lr_sweep(str(m30k_slice), str(out), tiny_recipe(), lrs=[1e-3, 1e30],
+                             backbones=("realformer",), results_path=str(results), threads=1, log=_quiet)
+    assert again["runs"]["realformer"]["1e+30"][0]["outcome"] == "diverged"
+    assert os.path.getsize(absurd["log"]) == log_size
+
+
+def test_stalled_rule_compares_with_the_same_backbone_at_the_normal_lr():
+    run = dict(status="finished", best_valid_loss=7.5)
+    assert compare.classify(run, reference_loss=6.0, margin=1.0) == "stalled"
+    assert compare.classify(run, reference_loss=6.6, margin=1.0) == "ok"
+    assert compare.classify(dict(run, status="diverged"), reference_loss=6.6, margin=1.0) == "diverged"
+    assert compare.classify(dict(run, best_valid_loss=None), reference_loss=6.6, margin=1.0) == "diverged"
+
+
+# --------------------------------------------------------------------------------------
+# Reading fairseq's output
+# --------------------------------------------------------------------------------------
+
+def test_log_parsing_reads_validation_records_and_nan():
+    lines = [
+        "2026-01-01 00:00:00 | INFO | train_inner | epoch 001:     25 / 255 loss=12.976, nll_loss=12.899, "
+        "ppl=7636.62, wps=351, ups=0.2, num_updates=25, lr=6.25e-05, gnorm=3.303, train_wall=123, wall=125",
+        "2026-01-01 00:00:01 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 7.123 | nll_loss 6.9 "
+        "| ppl 139.2 | bleu 12.5 | wps 1234 | wpb 440 | bsz 13.3 | num_updates 255 | best_loss 7.123",
+        "2026-01-01 00:00:02 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 6.5 | num_updates 510",
+        # a resumed run repeats update 510: the later record wins
+        "2026-01-01 00:00:03 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 6.4 | num_updates 510",
+    ]
+    parsed = fairseq_runs.parse_log(lines)
+    assert parsed["train"][0]["update"] == 25 and parsed["train"][0]["loss"] == 12.976
+    assert parsed["train"][0]["lr"] == 6.25e-05
+    assert [(r["update"], r["loss"]) for r in parsed["valid"]] == [(255, 7.123), (510, 6.4)]
+    assert fairseq_runs.valid_curve(lines, "bleu") == [[255, 12.5]]
+    assert fairseq_runs.divergence_reason(lines) is None
+    nan = lines + ["2026-01-01 00:00:04 | INFO | train_inner | epoch 003: 10 / 255 loss=nan, num_updates=530"]
+    assert fairseq_runs.divergence_reason(nan) == "non-finite train loss at update 530"
+
+
+def test_generate_output_is_put_back_in_corpus_order():
+    lines = ["S-2\tc", "H-2\t-0.1\tC", "D-2\t-0.1\tdrei", "D-0\t-0.2\teins", "D-1\t-0.3\t", "P-1\t-0.3"]
+    assert fairseq_runs.parse_generate_output(lines) == {0: "eins", 1: "", 2: "drei"}
+
+
+def test_same_recipe_ignores_tool_path_and_user_dir_only():
+    a = ["/x/bin/fairseq-train", "data", "--user-dir", "/work/main/realformer_nmt", "--lr", "0.001"]
+    b = ["/y/bin/fairseq-train", "data", "--user-dir", "/frozen/realformer_nmt", "--lr", "0.001"]
+    assert fairseq_runs.same_recipe(a, b)
+    assert not fairseq_runs.same_recipe(a, b[:-1] + ["0.002"])
+
+
+def test_recipe_refuses_bad_settings():
+    with pytest.raises(ConfigError, match="--size"):
+        compare.Recipe(size="huge")
+    with pytest.raises(ConfigError, match="--fp16"):
+        compare.Recipe(fp16=True)
+    with pytest.raises(ConfigError, match="--backbones"):
+        compare.backbone_flags("bert")
+    gpu = compare.Recipe(device="cuda", size="iwslt")
+    assert "--fp16" in gpu.train_flags() and "--cpu" not in gpu.train_flags()
+    assert gpu.model_flags()[:8] == ["--encoder-layers", "6", "--encoder-embed-dim", "512",
+                                     "--encoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4"]
+
+
+def test_cli_help_and_one_line_errors(tmp_path):
+    script = str(REPO / "scripts" / "compare_backbones.py")
+    help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
+                               env=cli_env(), check=True).stdout
+    for flag in ("--lr-sweep", "--seeds", "--backbones", "--device", "--max-update", "--max-minutes",
+                 "--residual-attention-mode", "--train-args", "--select-by-bleu", "--size"):
+        assert flag in help_text
+    proc = subprocess.run([sys.executable, script, "--data", str(tmp_path), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, env=cli_env())
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("compare_backbones.py: error:") and "dict.en.txt" in proc.stderr
+
+
+# --------------------------------------------------------------------------------------
+# fairseq's --eval-bleu with our architecture
+# --------------------------------------------------------------------------------------
+
+def _write_piece_corpus(raw, pieces):
+    """A reversal task written as SentencePiece pieces: ``pieces`` gets ``{split}.{src,tgt}``
+    with ``\u2581``-prefixed tokens, ``raw`` the detokenized target text."""
+    rng = random.Random(0)
+    for split, n in (("train", 600), ("valid", 40)):
+        src, tgt, ref = [], [], []
+        for _ in range(n):
+            s = [rng.choice("abcdefghij") for _ in range(rng.randint(3, 7))]
+            src.append(" ".join("\u2581" + c for c in s))
+            t = [c.upper() for c in reversed(s)]
+            tgt.append(" ".join("\u2581" + c for c in t))
+            ref.append(" ".join(t))
+        (pieces / f"{split}.src").write_text("\n".join(src) + "\n", encoding="utf-8")
+        (pieces / f"{split}.tgt").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+        (raw / f"{split}.tgt").write_text("\n".join(ref) + "\n", encoding="utf-8")
+
+
+def test_eval_bleu_selects_checkpoint_best_by_bleu(tmp_path):
+    raw, pieces, data, save = (tmp_path / d for d in ("raw", "pieces", "bin", "ckpt"))
+    for d in (raw, pieces):
+        d.mkdir()
+    _write_piece_corpus(raw, pieces)
+    subprocess.run([str(BIN / "fairseq-preprocess"), "--source-lang", "src", "--target-lang", "tgt",
+                    "--trainpref", pieces / "train", "--validpref", pieces / "valid", "--destdir", data,
+                    "--joined-dictionary", "--workers", "1"], check=True, capture_output=True, env=cli_env())
+    proc = subprocess.run(
+        [str(BIN / "fairseq-train"), data, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
+         *compare.Recipe(**TINY_SIZE).model_flags(), "--optimizer", "adam", "--lr", "3e-3",
+         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "20", "--max-tokens", "1000",
+         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.0",
+         "--max-update", "150", "--validate-interval-updates", "25", "--save-interval-updates", "25",
+         "--validate-interval", "1000", "--save-interval", "1000",  # only every 25 updates, not per epoch
+         "--keep-interval-updates", "1", "--no-epoch-checkpoints", "--cpu", "--seed", "1",
+         "--log-format", "simple", "--log-interval", "25", "--save-dir", save,
+         *compare.eval_bleu_flags(beam=1)],
+        capture_output=True, text=True, env=cli_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = fairseq_runs.parse_log(proc.stdout.splitlines())["valid"]
+    bleus = {rec["update"]: rec["bleu"] for rec in records}
+    assert len(bleus) >= 5 and max(bleus.values()) > 0
+    assert len(set(bleus.values())) > 1  # BLEU moved, so the choice means something
+    # fairseq keeps the latest checkpoint with the highest BLEU (ties go to the later one)
+    best = max(bleus.values())
+    best_update = max(u for u, b in bleus.items() if b == best)
+
+    from fairseq import checkpoint_utils  # loads through the plugin's weights-only loader
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_best.pt"))
+    assert state["optimizer_history"][-1]["num_updates"] == best_update
+    assert state["extra_state"]["best"] == pytest.approx(best, abs=0.01)
+
+    # an independent check of that BLEU: decode the valid set with the selected checkpoint
+    # and score it with sacreBLEU against the raw text
+    scored = fairseq_runs.generate_and_score(
+        str(data), str(save / "checkpoint_best.pt"), str(raw / "valid.tgt"), str(tmp_path / "gen.txt"),
+        ["--user-dir", USER_DIR, "--beam", "1", "--remove-bpe", "sentencepiece", "--cpu",
+         "--max-len-a", "1.5", "--max-len-b", "10", "--batch-size", "64"],
+        subset="valid", log=_quiet, env=cli_env())
+    assert scored["bleu"] == pytest.approx(best, abs=0.011)
+
+
+def test_mean_curve_over_seeds_uses_the_updates_every_seed_has():
+    curves = [[[100, 6.0], [200, 5.0], [300, 4.0]], [[100, 8.0], [200, 4.0]]]
+    assert fairseq_runs.mean_curve(curves) == [[100, 7.0, 6.0, 8.0], [200, 4.5, 4.0, 5.0]]
+    assert fairseq_runs.finite_or_none({"a": [float("nan"), 1.5], "b": float("inf")}) == {"a": [None, 1.5], "b": None}
