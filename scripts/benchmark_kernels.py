@@ -20,18 +20,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-
-def int_list(text):
-    return [int(v) for v in text.split(",") if v.strip()]
+from _cli import comma_list  # noqa: E402  (scripts/_cli.py)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lengths", type=int_list, default=[32, 64, 128, 256, 512],
+    p.add_argument("--lengths", type=comma_list(int), default=[32, 64, 128, 256, 512],
                    help="sequence lengths T = S (default: %(default)s)")
-    p.add_argument("--masks", default="noncausal,causal", help="comma list of noncausal, causal (default: %(default)s)")
+    p.add_argument("--masks", type=comma_list(str, ("noncausal", "causal")), default=["noncausal", "causal"],
+                   help="comma list of noncausal, causal (default: both)")
     p.add_argument("--layers", type=int, default=6, help="layers in the stack (default: %(default)s)")
-    p.add_argument("--switch-points", type=int_list, default=[2, 3, 4],
+    p.add_argument("--switch-points", type=comma_list(int), default=[2, 3, 4],
                    help="hybrids: fused for the first m layers, then materialized (default: %(default)s)")
     p.add_argument("--batch", type=int, default=8, help="batch size B (default: %(default)s)")
     p.add_argument("--embed-dim", type=int, default=512, help="model dim (default: %(default)s)")
@@ -43,9 +42,7 @@ def main(argv=None):
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
-    masks = [m.strip() for m in args.masks.split(",") if m.strip()]
-    if not set(masks) <= {"noncausal", "causal"} or not masks:
-        p.error("--masks: a comma list of noncausal, causal")
+    masks = args.masks
     if args.embed_dim % args.heads:
         p.error("--embed-dim must be a multiple of --heads")
 

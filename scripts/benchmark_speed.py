@@ -22,20 +22,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from _cli import comma_list  # noqa: E402  (scripts/_cli.py)
+
 VARIANT_NAMES = ("vanilla", "materialized", "fused", "auto")
 SIZE_NAMES = ("iwslt", "base")
-
-
-def comma_list(kind, choices=None):
-    def parse(text):
-        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
-        if not values:
-            raise argparse.ArgumentTypeError("empty list")
-        bad = [v for v in values if choices and v not in choices]
-        if bad:
-            raise argparse.ArgumentTypeError(f"unknown {', '.join(map(str, bad))} (choose from {', '.join(choices)})")
-        return values
-    return parse
 
 
 def parse_args(argv=None):

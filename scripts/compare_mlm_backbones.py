@@ -28,16 +28,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from _cli import comma_list  # noqa: E402  (scripts/_cli.py)
+
 BACKBONES = ("postln", "preln", "realformer")
-
-
-def comma_list(kind):
-    def parse(text):
-        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
-        if not values:
-            raise argparse.ArgumentTypeError("empty list")
-        return values
-    return parse
 
 
 def parse_args(argv=None):
@@ -45,7 +38,7 @@ def parse_args(argv=None):
     p.add_argument("--data", required=True, help="masked-LM data dir (scripts/prepare_pretraining_data.py --out)")
     p.add_argument("--out", required=True, help="folder for the runs (checkpoints, logs, result.json per run)")
     p.add_argument("--results", help="JSON summary path; .md and .png go beside it (default: OUT/mlm_comparison.json)")
-    p.add_argument("--backbones", type=comma_list(str), default=list(BACKBONES),
+    p.add_argument("--backbones", type=comma_list(str, BACKBONES), default=list(BACKBONES),
                    help="comma list of postln, preln, realformer (default: all)")
     p.add_argument("--seeds", type=comma_list(int), default=[1], help="comma list of seeds (default: 1)")
     p.add_argument("--residual-attention-mode", choices=["sum", "mean"], default="sum",
@@ -79,7 +72,6 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    import realformer_nmt  # noqa: F401  (one-line errors)
     from realformer_nmt.errors import RealFormerError
     from realformer_nmt.experiments import mlm_compare
 

@@ -11,7 +11,6 @@ prepare.json (raw and SentencePiece files go to --dest/work). Generate with
 """
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -19,6 +18,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+from _cli import emit_json  # noqa: E402  (scripts/_cli.py)
 
 DEFAULT_DEST = {"synthetic": os.path.join("data-bin", "demo_en_de"),
                 "multi30k": os.path.join("data-bin", "multi30k_en_de")}
@@ -79,12 +80,7 @@ def main(argv=None):
                                   synthetic_sizes=sizes, model_type=args.model_type)
     except corpora.DataError as exc:
         return fail(exc)
-    text = json.dumps(summary, indent=2, ensure_ascii=False)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    print(text)
+    emit_json(summary, args.json)
     return 0
 
 

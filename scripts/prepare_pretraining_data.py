@@ -15,7 +15,6 @@ when the inputs and settings are unchanged. The summary is printed as JSON.
 """
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -23,6 +22,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+from _cli import emit_json  # noqa: E402  (scripts/_cli.py)
 
 
 def parse_args(argv=None):
@@ -62,12 +63,7 @@ def main(argv=None):
         )
     except DataError as exc:
         return fail(exc)
-    text = json.dumps(summary, indent=2, ensure_ascii=False)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    print(text)
+    emit_json(summary, args.json)
     return 0
 
 
