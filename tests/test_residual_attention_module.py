@@ -187,11 +187,17 @@ def test_gradients_flow_through_the_residual(x, kernel):
     assert prev.grad is not None and prev.grad.abs().sum() > 0
 
 
-def test_fused_kernel_stores_no_t_by_s_tensor():
+@pytest.mark.parametrize("masks", ["padding", "causal+right-padding"])
+def test_fused_kernel_stores_no_t_by_s_tensor(masks):
     """Autograd keeps nothing of size T x S for the fused kernel (only Q, K, V, the
-    output and SDPA's per-row statistics), while the materialized kernel keeps scores."""
-    T_long = 64
-    xin = torch.randn(T_long, 1, C, requires_grad=True)
+    output, SDPA's per-row statistics and a [B, 1, 1, S] padding mask), while the
+    materialized kernel keeps scores. fairseq's causal mask with right-padded keys (its
+    target batches) runs as SDPA's is_causal, without a mask."""
+    T_long, bsz = 64, 2
+    xin = torch.randn(T_long, bsz, C, requires_grad=True)
+    pad = torch.zeros(bsz, T_long, dtype=torch.bool)
+    pad[1, -5:] = True
+    causal = torch.full((T_long, T_long), float("-inf")).triu(1) if "causal" in masks else None
     biggest = {}
     for kernel in KERNELS:
         saved = []
@@ -202,10 +208,28 @@ def test_fused_kernel_stores_no_t_by_s_tensor():
 
         mods = stack(kernel, "sum", 3)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            run_stack(mods, xin)
+            run_stack(mods, xin, key_padding_mask=pad, attn_mask=causal)
         biggest[kernel] = max(saved)
-    assert biggest["materialized"] >= H * T_long * T_long
+    assert biggest["materialized"] >= bsz * H * T_long * T_long
     assert biggest["fused"] < T_long * T_long
+
+
+def test_fused_causal_right_padding_equals_materialized_on_real_positions(x):
+    """What is_causal leaves out (padded keys after every real query) changes only the
+    rows of padded queries: real rows are equal, values and gradients."""
+    pad = torch.zeros(B, T, dtype=torch.bool)
+    pad[0, -2:] = True
+    causal = torch.full((T, T), float("-inf")).triu(1)
+    real = (~pad).t().float()[None, :, :, None]
+    results = []
+    for kernel in KERNELS:
+        mods = stack(kernel, "mean")
+        xin = x.clone().requires_grad_(True)
+        outs, _ = run_stack(mods, xin, key_padding_mask=pad, attn_mask=causal)
+        (outs.pow(2) * real).sum().backward()
+        results.append((outs.detach() * real, xin.grad * real[0]))
+    assert (results[0][0] - results[1][0]).abs().max() < 1e-5
+    assert (results[0][1] - results[1][1]).abs().max() < 1e-5
 
 
 def test_auto_rule_runs_the_first_layer_fused_and_the_rest_materialized(x):

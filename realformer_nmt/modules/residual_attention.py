@@ -329,8 +329,8 @@ class ResidualMultiheadAttention(MultiheadAttention):
                 )
             queries, keys = prev_state.queries + queries, prev_state.keys + keys
         terms = len(queries)
-        mask = _sdpa_mask(key_padding_mask, attn_mask, q.dtype, tgt_len, k.size(2))
-        args = (mask, self._dropout_p(), 1.0 / self._divisor(terms), terms)
+        mask, causal = _sdpa_mask(key_padding_mask, attn_mask, q.dtype, tgt_len, k.size(2))
+        args = (mask, causal, self._dropout_p(), 1.0 / self._divisor(terms), terms)
         if terms > 1 and torch.is_grad_enabled():
             # recomputed in backward: autograd keeps the per-layer q/k, never their n*d-wide concatenation
             out = checkpoint(_stacked_attention, *args, *queries, *keys, v, use_reentrant=False)
@@ -354,13 +354,14 @@ class ResidualMultiheadAttention(MultiheadAttention):
         return x.view(length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
 
-def _stacked_attention(mask: Optional[Tensor], dropout_p: float, scale: float, terms: int, *tensors: Tensor):
+def _stacked_attention(mask: Optional[Tensor], causal: bool, dropout_p: float, scale: float, terms: int,
+                       *tensors: Tensor):
     """``softmax(scale * [q_1..q_n] [k_1..k_n]^T + mask) v`` with SDPA; ``tensors`` are
     ``q_1..q_n, k_1..k_n, v``. Returns ``[B, H, T, d]``."""
     q = torch.cat(tensors[:terms], dim=-1) if terms > 1 else tensors[0]
     k = torch.cat(tensors[terms:2 * terms], dim=-1) if terms > 1 else tensors[terms]
     v = tensors[-1]
-    out = F.scaled_dot_product_attention(q, k, _pad_values(v, q.size(-1)), attn_mask=mask,
+    out = F.scaled_dot_product_attention(q, k, _pad_values(v, q.size(-1)), attn_mask=mask, is_causal=causal,
                                          dropout_p=dropout_p, scale=scale)  # q carries 1/sqrt(d)
     return out[..., : v.size(-1)]
 
@@ -379,14 +380,21 @@ def _pad_values(v: Tensor, qk_dim: int) -> Tensor:
 
 
 def _sdpa_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], dtype: torch.dtype,
-               tgt_len: int, src_len: int) -> Optional[Tensor]:
-    """One additive SDPA mask with the materialized kernel's semantics.
+               tgt_len: int, src_len: int) -> Tuple[Optional[Tensor], bool]:
+    """The SDPA mask ``(attn_mask, is_causal)`` with the materialized kernel's semantics at
+    every position a loss or a next layer can read.
 
-    Padded keys get the most negative finite value (a fully padded row is uniform, as
-    in ``_masked_softmax``), ``attn_mask`` is added as it is. Shapes stay as small as
-    broadcasting allows: ``[B, 1, 1, S]`` for padding, ``[T, S]`` for ``attn_mask``,
-    ``[B, 1, T, S]`` only when both are given.
+    Padded keys get the most negative finite value (a fully padded row is uniform, as in
+    ``_masked_softmax``); ``attn_mask`` is added as it is. No ``T x S`` tensor is built
+    where it can be avoided: ``[B, 1, 1, S]`` for padding alone; ``[T, S]`` for a mask
+    alone; fairseq's causal mask with right-padded keys (its target batches) is SDPA's
+    ``is_causal`` without any mask: padded keys then come after every real query's
+    position, so only the rows of padded queries, which nothing reads, see them.
+    Otherwise (left-padded targets, ``--cross-self-attention``) one ``[B, 1, T, S]`` mask.
     """
+    if attn_mask is not None and _is_causal(attn_mask, tgt_len, src_len) and (
+            key_padding_mask is None or _pads_only_at_the_end(key_padding_mask)):
+        return None, True
     mask: Optional[Tensor] = None
     if attn_mask is not None:
         mask = attn_mask.to(dtype)
@@ -397,4 +405,18 @@ def _sdpa_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], 
         else:
             mask = mask.expand(pad.size(0), 1, tgt_len, src_len)
         mask = mask.masked_fill(pad, torch.finfo(dtype).min)
-    return mask
+    return mask, False
+
+
+def _is_causal(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
+    """fairseq's future mask: 0 on and below the diagonal, -inf above."""
+    if tgt_len != src_len or attn_mask.shape != (tgt_len, src_len):
+        return False
+    future = torch.ones(tgt_len, src_len, dtype=torch.bool, device=attn_mask.device).triu(1)
+    return bool(torch.equal(torch.isneginf(attn_mask), future) and not attn_mask.masked_fill(future, 0).any())
+
+
+def _pads_only_at_the_end(key_padding_mask: Tensor) -> bool:
+    """Every row is real keys, then padding (right padding)."""
+    pad = key_padding_mask.to(torch.bool)
+    return bool((pad[:, 1:] | ~pad[:, :-1]).all())
