@@ -214,22 +214,25 @@ def test_fused_kernel_stores_no_t_by_s_tensor(masks):
     assert biggest["fused"] < T_long * T_long
 
 
-def test_fused_causal_right_padding_equals_materialized_on_real_positions(x):
-    """What is_causal leaves out (padded keys after every real query) changes only the
-    rows of padded queries: real rows are equal, values and gradients."""
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_fused_causal_right_padding_equals_materialized_on_every_row(x, mode):
+    """is_causal lets padded queries see the padded keys before them; the fused kernel
+    redoes those rows, so every row (real and padded) and every gradient is the
+    materialized kernel's."""
     pad = torch.zeros(B, T, dtype=torch.bool)
     pad[0, -2:] = True
+    pad[1, -1:] = True
     causal = torch.full((T, T), float("-inf")).triu(1)
-    real = (~pad).t().float()[None, :, :, None]
     results = []
     for kernel in KERNELS:
-        mods = stack(kernel, "mean")
+        mods = stack(kernel, mode)
         xin = x.clone().requires_grad_(True)
         outs, _ = run_stack(mods, xin, key_padding_mask=pad, attn_mask=causal)
-        (outs.pow(2) * real).sum().backward()
-        results.append((outs.detach() * real, xin.grad * real[0]))
+        outs.pow(2).sum().backward()
+        results.append((outs.detach(), xin.grad, [p.grad for m in mods for p in m.parameters()]))
     assert (results[0][0] - results[1][0]).abs().max() < 1e-5
     assert (results[0][1] - results[1][1]).abs().max() < 1e-5
+    assert all((a - b).abs().max() < 1e-5 for a, b in zip(results[0][2], results[1][2]))
 
 
 def test_auto_rule_runs_the_first_layer_fused_and_the_rest_materialized(x):

@@ -4,7 +4,7 @@ Bug (fairseq 0.12 under torch >= 2.6): since torch 2.6, ``torch.load`` defaults 
 containers and explicitly allow-listed globals may be unpickled, so a checkpoint cannot
 run code when it is opened. fairseq 0.12 predates that and its checkpoints hold a few
 other types (``argparse.Namespace`` above all), so every vanilla ``fairseq-generate``
-fails; and the usual workaround (``weights_only=False``) lets a checkpoint run code.
+fails; and the usual workaround (turning ``weights_only`` off) lets a checkpoint run code.
 ``install`` (run by ``import realformer_nmt`` and ``--user-dir realformer_nmt``) fixes
 that the safe way:
 

@@ -329,8 +329,8 @@ class ResidualMultiheadAttention(MultiheadAttention):
                 )
             queries, keys = prev_state.queries + queries, prev_state.keys + keys
         terms = len(queries)
-        mask, causal = _sdpa_mask(key_padding_mask, attn_mask, q.dtype, tgt_len, k.size(2))
-        args = (mask, causal, self._dropout_p(), 1.0 / self._divisor(terms), terms)
+        mask, causal, padded_keys = _sdpa_mask(key_padding_mask, attn_mask, q.dtype, tgt_len, k.size(2))
+        args = (mask, causal, padded_keys, self._dropout_p(), 1.0 / self._divisor(terms), terms)
         if terms > 1 and torch.is_grad_enabled():
             # recomputed in backward: autograd keeps the per-layer q/k, never their n*d-wide concatenation
             out = checkpoint(_stacked_attention, *args, *queries, *keys, v, use_reentrant=False)
@@ -354,16 +354,31 @@ class ResidualMultiheadAttention(MultiheadAttention):
         return x.view(length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
 
-def _stacked_attention(mask: Optional[Tensor], causal: bool, dropout_p: float, scale: float, terms: int,
-                       *tensors: Tensor):
+def _stacked_attention(mask: Optional[Tensor], causal: bool, padded_keys: Optional[Tensor], dropout_p: float,
+                       scale: float, terms: int, *tensors: Tensor):
     """``softmax(scale * [q_1..q_n] [k_1..k_n]^T + mask) v`` with SDPA; ``tensors`` are
-    ``q_1..q_n, k_1..k_n, v``. Returns ``[B, H, T, d]``."""
+    ``q_1..q_n, k_1..k_n, v``. Returns ``[B, H, T, d]``.
+
+    ``padded_keys`` ([B, S], right padding; only with ``causal``): SDPA's causal kernel
+    lets a padded query row see the padded keys up to its own position, which the
+    materialized kernel masks. Nothing downstream reads those rows, but every kernel gives
+    the same tensor: the rows from the shortest sentence's end on are attended again,
+    non-causally over the real keys (what the materialized kernel computes for a padded
+    query), and the padded ones taken from there. Cost: ``T - min(length)`` extra rows."""
     q = torch.cat(tensors[:terms], dim=-1) if terms > 1 else tensors[0]
     k = torch.cat(tensors[terms:2 * terms], dim=-1) if terms > 1 else tensors[terms]
-    v = tensors[-1]
-    out = F.scaled_dot_product_attention(q, k, _pad_values(v, q.size(-1)), attn_mask=mask, is_causal=causal,
+    v = _pad_values(tensors[-1], q.size(-1))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                          dropout_p=dropout_p, scale=scale)  # q carries 1/sqrt(d)
-    return out[..., : v.size(-1)]
+    if padded_keys is not None:
+        first = int((~padded_keys).sum(-1).min())  # the shortest sentence's length
+        key_mask = torch.zeros(padded_keys.shape, dtype=q.dtype, device=q.device).masked_fill(
+            padded_keys, torch.finfo(q.dtype).min)[:, None, None, :]
+        tail = F.scaled_dot_product_attention(q[:, :, first:], k, v, attn_mask=key_mask,
+                                              dropout_p=dropout_p, scale=scale)
+        padded_rows = padded_keys[:, None, first:, None]  # self-attention: query i is key i
+        out = torch.cat([out[:, :, :first], torch.where(padded_rows, tail, out[:, :, first:])], dim=2)
+    return out[..., : tensors[-1].size(-1)]
 
 
 def _pad_values(v: Tensor, qk_dim: int) -> Tensor:
@@ -380,7 +395,7 @@ def _pad_values(v: Tensor, qk_dim: int) -> Tensor:
 
 
 def _sdpa_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], dtype: torch.dtype,
-               tgt_len: int, src_len: int) -> Tuple[Optional[Tensor], bool]:
+               tgt_len: int, src_len: int) -> Tuple[Optional[Tensor], bool, Optional[Tensor]]:
     """The SDPA mask ``(attn_mask, is_causal)`` with the materialized kernel's semantics at
     every position a loss or a next layer can read.
 
@@ -389,12 +404,17 @@ def _sdpa_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], 
     where it can be avoided: ``[B, 1, 1, S]`` for padding alone; ``[T, S]`` for a mask
     alone; fairseq's causal mask with right-padded keys (its target batches) is SDPA's
     ``is_causal`` without any mask: padded keys then come after every real query's
-    position, so only the rows of padded queries, which nothing reads, see them.
+    position, so only the rows of padded queries see them, and those rows are redone
+    from the returned ``padded_keys`` (see ``_stacked_attention``).
     Otherwise (left-padded targets, ``--cross-self-attention``) one ``[B, 1, T, S]`` mask.
+    Returns ``(attn_mask, is_causal, padded_keys)``.
     """
-    if attn_mask is not None and _is_causal(attn_mask, tgt_len, src_len) and (
-            key_padding_mask is None or _pads_only_at_the_end(key_padding_mask)):
-        return None, True
+    # The is_causal shortcut reads mask values (a graph break under torch.compile): compiled
+    # graphs take the general mask instead.
+    if (attn_mask is not None and not torch.compiler.is_compiling() and _is_causal(attn_mask, tgt_len, src_len)
+            and (key_padding_mask is None or _pads_only_at_the_end(key_padding_mask))):
+        padded = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
+        return None, True, (padded if padded is not None and bool(padded.any()) else None)
     mask: Optional[Tensor] = None
     if attn_mask is not None:
         mask = attn_mask.to(dtype)
@@ -405,7 +425,7 @@ def _sdpa_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], 
         else:
             mask = mask.expand(pad.size(0), 1, tgt_len, src_len)
         mask = mask.masked_fill(pad, torch.finfo(dtype).min)
-    return mask, False
+    return mask, False, None
 
 
 def _is_causal(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
