@@ -94,10 +94,12 @@ def log(message):
 
 def fairseq_cli(name):
     """Path of a fairseq console script installed next to this interpreter."""
-    path = os.path.join(os.path.dirname(sys.executable), name)
-    if not os.path.exists(path):
-        raise DemoError(f"{path} not found: run the demo with the project's venv python")
-    return path
+    from realformer_nmt.experiments import fairseq_runs  # after main() has imported the package
+
+    try:
+        return fairseq_runs.fairseq_cli(name)
+    except fairseq_runs.RunError as exc:
+        raise DemoError(str(exc)) from None
 
 
 def ensure_data(data):

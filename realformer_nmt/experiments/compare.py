@@ -87,12 +87,7 @@ class Recipe:
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
-        if self.device not in ("cpu", "cuda"):
-            raise ConfigError(f"--device must be cpu or cuda, not {self.device!r}")
-        if self.fp16 is None:
-            self.fp16 = self.device == "cuda"
-        if self.fp16 and self.device == "cpu":
-            raise ConfigError("--fp16 needs --device cuda (fairseq's fp16 trainer is GPU-only)")
+        self.fp16 = fairseq_runs.resolve_fp16(self.device, self.fp16)
         if self.max_update < 1 and self.max_minutes <= 0:
             raise ConfigError("give a budget: --max-update N (N >= 1) and/or --max-minutes M")
         if self.embed_dim % self.heads:
@@ -408,16 +403,12 @@ def write_outputs(summary, json_path, markdown, plot):
     plot(summary, stem + ".png")
 
 
-def _backbones_in(summary):
-    return [b for b in BACKBONES if b in summary]
-
-
 def _seconds(s):
     return "n/a" if s is None else f"{s / 60:.1f} min"
 
 
 def comparison_markdown(summary):
-    backbones = _backbones_in(summary)
+    backbones = [b for b in BACKBONES if b in summary]
     n_seeds = len(summary[backbones[0]]["seeds"])
     settings = summary["recipe"]["settings"]
     lines = [f"# {summary['title']}: Post-LN vs Pre-LN vs RealFormer", "",
@@ -495,7 +486,7 @@ def plot_comparison(summary, path):
     """Validation loss against updates, one line per backbone (mean, min-max band over seeds);
     the right panel zooms on the second half of training, where the backbones separate."""
     plt = _pyplot()
-    backbones = _backbones_in(summary)
+    backbones = [b for b in BACKBONES if b in summary]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     last = max([u for b in backbones for u, _ in summary[b]["curve"]] or [0])
     for zoom, ax in enumerate(axes):

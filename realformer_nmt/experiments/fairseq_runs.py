@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from ..errors import RealFormerError
+from ..errors import ConfigError, RealFormerError
 
 
 class RunError(RealFormerError):
@@ -39,6 +39,16 @@ def fairseq_cli(name):
     if not os.path.exists(path):
         raise RunError(f"{path} not found: run with the Python of the environment that has fairseq")
     return path
+
+
+def resolve_fp16(device, fp16):
+    """``--device`` checked; ``fp16`` None means on with cuda, off on cpu."""
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device must be cpu or cuda, not {device!r}")
+    fp16 = device == "cuda" if fp16 is None else fp16
+    if fp16 and device == "cpu":
+        raise ConfigError("--fp16 needs --device cuda (fairseq's fp16 trainer is GPU-only)")
+    return fp16
 
 
 def quote(cmd):

@@ -77,12 +77,7 @@ class MLMRecipe:
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"--objective must be one of {', '.join(OBJECTIVES)}, not {self.objective!r}")
-        if self.device not in ("cpu", "cuda"):
-            raise ConfigError(f"--device must be cpu or cuda, not {self.device!r}")
-        if self.fp16 is None:
-            self.fp16 = self.device == "cuda"
-        if self.fp16 and self.device == "cpu":
-            raise ConfigError("--fp16 needs --device cuda (fairseq's fp16 trainer is GPU-only)")
+        self.fp16 = fairseq_runs.resolve_fp16(self.device, self.fp16)
         if self.max_update < 1:
             raise ConfigError("--max-update must be at least 1")
         if self.embed_dim % self.heads:
@@ -247,12 +242,8 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
     return summary
 
 
-def _backbones_in(summary):
-    return [b for b in BACKBONES if b in summary]
-
-
 def comparison_markdown(summary):
-    backbones = _backbones_in(summary)
+    backbones = [b for b in BACKBONES if b in summary]
     n_seeds = len(summary[backbones[0]]["seeds"])
     nsp = any(summary[b]["nsp_accuracy"] is not None for b in backbones)
     lines = [f"# {summary['title']}: Post-LN vs Pre-LN vs RealFormer encoders", "",
@@ -283,7 +274,7 @@ def comparison_markdown(summary):
 def plot_comparison(summary, path):
     """Validation MLM accuracy (fixed subset) against updates, one line per backbone."""
     plt = _pyplot()
-    backbones = _backbones_in(summary)
+    backbones = [b for b in BACKBONES if b in summary]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, key, ylabel in ((axes[0], "curve", "valid MLM accuracy (%)"), (axes[1], "loss_curve", "valid loss")):
         for b in backbones:
