@@ -396,8 +396,8 @@ def _pad_values(v: Tensor, qk_dim: int) -> Tensor:
 
 def _sdpa_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], dtype: torch.dtype,
                tgt_len: int, src_len: int) -> Tuple[Optional[Tensor], bool, Optional[Tensor]]:
-    """The SDPA mask ``(attn_mask, is_causal)`` with the materialized kernel's semantics at
-    every position a loss or a next layer can read.
+    """``(attn_mask, is_causal, padded_keys)`` for SDPA, with the materialized kernel's
+    semantics at every position.
 
     Padded keys get the most negative finite value (a fully padded row is uniform, as in
     ``_masked_softmax``); ``attn_mask`` is added as it is. No ``T x S`` tensor is built
@@ -407,14 +407,13 @@ def _sdpa_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], 
     position, so only the rows of padded queries see them, and those rows are redone
     from the returned ``padded_keys`` (see ``_stacked_attention``).
     Otherwise (left-padded targets, ``--cross-self-attention``) one ``[B, 1, T, S]`` mask.
-    Returns ``(attn_mask, is_causal, padded_keys)``.
     """
     # The is_causal shortcut reads mask values (a graph break under torch.compile): compiled
     # graphs take the general mask instead.
     if (attn_mask is not None and not torch.compiler.is_compiling() and _is_causal(attn_mask, tgt_len, src_len)
             and (key_padding_mask is None or _pads_only_at_the_end(key_padding_mask))):
         padded = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
-        return None, True, (padded if padded is not None and bool(padded.any()) else None)
+        return None, True, (padded if padded is not None and bool(padded[:, -1].any()) else None)
     mask: Optional[Tensor] = None
     if attn_mask is not None:
         mask = attn_mask.to(dtype)
