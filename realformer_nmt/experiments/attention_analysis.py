@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ..errors import CheckpointFileError, ConfigError, DataError
+from . import fairseq_runs
 
 ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
 STATISTICS = ("entropy", "jsd")
@@ -879,8 +880,9 @@ def summary_markdown(analyses: Sequence[Analysis], summary: Dict[str, List[dict]
 
 
 def write_json(path: str, obj) -> None:
-    """Indented JSON with each innermost list of numbers on one line; atomic."""
-    text = json.dumps(obj, indent=1, allow_nan=False)
+    """Indented JSON with each innermost list of numbers on one line; atomic. Paths inside
+    the repository are written relative to it."""
+    text = json.dumps(fairseq_runs.portable(obj), indent=1, allow_nan=False)
     text = re.sub(r"\[\s*([^\[\]{}\"]*?)\s*\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:

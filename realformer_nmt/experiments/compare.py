@@ -1,19 +1,28 @@
 """Post-LN / Pre-LN / RealFormer on a translation corpus, one shared recipe and budget.
 
-``compare``   trains every backbone for every seed with the same fairseq-train flags
-              (only the backbone flags differ), decodes each best checkpoint on ``test``
-              with beam search, scores it with sacreBLEU against the raw references and
-              writes ``<name>.json``, ``<name>.md`` and ``<name>.png``.
-``lr_sweep``  the paper's stability test (He et al. 2021, Fig. 3): the same recipe at a
-              normal and at higher peak learning rates (nothing else changes) for a short
-              budget; each run is marked ``ok``, ``diverged`` (NaN/inf, fairseq stopped)
-              or ``stalled`` (finished, but its best valid loss is more than ``margin``
-              above the same backbone's run at the normal learning rate).
+``compare``        trains every backbone for every seed with the same fairseq-train flags
+                   (only the backbone flags differ), decodes each best checkpoint on ``test``
+                   with beam search, scores it with sacreBLEU against the raw references,
+                   tests every backbone against Post-LN on the same sentences (sacreBLEU's
+                   paired bootstrap resampling, per seed) and writes ``<name>.json``,
+                   ``<name>.md`` and ``<name>.png``.
+``lr_sweep``       the paper's stability test (He et al. 2021, Fig. 3): the same recipe at a
+                   normal and at higher peak learning rates (nothing else changes) for a short
+                   budget; each run is marked ``ok``, ``diverged`` (NaN/inf, fairseq stopped)
+                   or ``stalled`` (finished, but its best valid loss is more than ``margin``
+                   above the same backbone's run at the normal learning rate).
+``depth_stress``   narrow deep models (``L+L`` layers for each depth) where Post-LN is known
+                   to struggle, every backbone incl. RealFormer's mean mode; each run is
+                   ``ok`` / ``stalled`` / ``diverged`` by the sweep's rule, the reference being
+                   the best run of the same seed.
+``path_ablation``  which residual path matters: RealFormer with residual attention on the
+                   encoder, decoder or cross path alone, on all three, and Post-LN.
 
-Runs live in ``out/<backbone>/seed<k>/`` (``out/lr<lr>/<backbone>/seed<k>/`` in the
-sweep) with their checkpoints, ``train.log``, ``generate.txt`` and ``result.json``; a
-re-run with the same arguments reuses finished runs and resumes an interrupted one
-(see ``fairseq_runs.train_resumable``).
+Runs live in ``out/<backbone>/seed<k>/`` (``out/lr<lr>/...`` in the sweep, ``out/L<depth>/...``
+in the depth test) with their checkpoints, ``train.log``, ``generate.txt`` and
+``result.json``; a re-run with the same arguments reuses finished runs and resumes an
+interrupted one (see ``fairseq_runs.train_resumable``). ``jobs`` runs that many trainings at
+once (threads split between them), which changes no result.
 """
 
 import json
@@ -21,16 +30,25 @@ import math
 import os
 import platform
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import ConfigError, DataError
 from . import fairseq_runs
 
-BACKBONES = ("postln", "preln", "realformer")
+BACKBONES = ("postln", "preln", "realformer")  # the main comparison
+DEPTH_BACKBONES = ("postln", "preln", "realformer", "realformer_mean")
+# path-ablation key -> backbone; "all" and "postln" are the main comparison's runs
+ABLATION = {"postln": "postln", "encoder": "realformer_encoder", "decoder": "realformer_decoder",
+            "cross": "realformer_cross", "all": "realformer"}
+VARIANTS = BACKBONES + ("realformer_mean", "realformer_encoder", "realformer_decoder", "realformer_cross")
 BACKBONE_DESCRIPTIONS = {
     "postln": "fairseq `transformer` (Post-LN)",
     "preln": "fairseq `transformer` + `--encoder-normalize-before --decoder-normalize-before` (Pre-LN)",
     "realformer": "`realformer_transformer` (Post-LN, residual attention on encoder, decoder and cross paths)",
+    "realformer_mean": "`realformer_transformer`, all three paths, running mean (`--residual-attention-mode mean`)",
+    "realformer_encoder": "`realformer_transformer`, residual attention on the encoder self-attention only",
+    "realformer_decoder": "`realformer_transformer`, residual attention on the decoder self-attention only",
+    "realformer_cross": "`realformer_transformer`, residual attention on the encoder-decoder attention only",
 }
 # layers (encoder = decoder), embedding dim, FFN dim, heads
 SIZES = {
@@ -39,18 +57,23 @@ SIZES = {
     "base": (6, 512, 2048, 8),     # transformer (base) / transformer_wmt_en_de
 }
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the realformer_nmt package
+REPO = fairseq_runs.REPO  # committed results name paths relative to it
 
 
 def backbone_flags(name, residual_mode="sum"):
-    """The only fairseq-train flags that differ between backbones."""
+    """The only fairseq-train flags that differ between backbones (``residual_mode`` is the
+    mode of ``realformer`` and the single-path variants; ``realformer_mean`` is always mean)."""
     if name == "postln":
         return ["--arch", "transformer"]
     if name == "preln":
         return ["--arch", "transformer", "--encoder-normalize-before", "--decoder-normalize-before"]
-    if name == "realformer":
-        return ["--arch", "realformer_transformer", "--residual-attention-paths", "encoder,decoder,cross",
-                "--residual-attention-mode", residual_mode]
-    raise ConfigError(f"--backbones: unknown backbone {name!r} (choose from {', '.join(BACKBONES)})")
+    paths = {"realformer": "encoder,decoder,cross", "realformer_mean": "encoder,decoder,cross",
+             "realformer_encoder": "encoder", "realformer_decoder": "decoder", "realformer_cross": "cross"}
+    if name in paths:
+        mode = "mean" if name == "realformer_mean" else residual_mode
+        return ["--arch", "realformer_transformer", "--residual-attention-paths", paths[name],
+                "--residual-attention-mode", mode]
+    raise ConfigError(f"--backbones: unknown backbone {name!r} (choose from {', '.join(VARIANTS)})")
 
 
 @dataclass
@@ -176,7 +199,7 @@ def run_one(data, references, backbone, recipe, seed, run_dir, residual_mode="su
     cmd = train_command(data, backbone, recipe, seed, run_dir, residual_mode, lr)
     if done is not None and fairseq_runs.same_recipe(done.get("command"), cmd):
         log(f"{label}already done: reusing {os.path.join(run_dir, 'result.json')}")
-        return done
+        return dict(done, run_dir=run_dir)
     train = fairseq_runs.train_resumable(cmd, run_dir, label, log, recipe.max_update, env)
     checkpoint = os.path.join(run_dir, "checkpoint_best.pt")
     finite = [rec for rec in train["curve"] if math.isfinite(rec["loss"])]
@@ -199,7 +222,64 @@ def run_one(data, references, backbone, recipe, seed, run_dir, residual_mode="su
     log(f"{label}DONE: {train['status']}{' (' + train['reason'] + ')' if train['reason'] else ''}, "
         f"updates {train['updates']}, best valid loss {_fmt(result['best_valid_loss'])}, "
         f"test BLEU {_fmt(result['bleu'])}, train {train['seconds']:.0f}s")
-    return fairseq_runs.finite_or_none(result)
+    return dict(fairseq_runs.finite_or_none(result), run_dir=run_dir)
+
+
+def run_hypotheses(result):
+    """The detokenized test hypotheses of a scored run, in corpus order (None if not decoded)."""
+    if result.get("bleu") is None:
+        return None
+    path = os.path.join(result["run_dir"], "generate.txt")
+    hyps = fairseq_runs.parse_generate_output(fairseq_runs.read_log(path))
+    return [hyps[i] for i in range(len(hyps))]
+
+
+def paired_bootstrap(baseline, system, references, samples=1000):
+    """sacreBLEU's paired bootstrap resampling (Koehn 2004) of ``system`` against ``baseline``
+    on the same sentences: ``{"p_value", "delta_bleu", "baseline_bleu", "system_bleu",
+    "system_ci95", "signature"}``. The p-value is sacreBLEU's ``--paired-bs`` (as Moses'
+    bootstrap script): the share of resamples whose absolute BLEU difference, centred on
+    its mean over the resamples, exceeds the observed absolute difference ((count + 1) /
+    (resamples + 1)); the resamples are seeded (SACREBLEU_SEED, default 12345), so the test
+    is repeatable."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    if len(baseline) != len(references) or len(system) != len(references):
+        raise DataError(f"paired test needs one hypothesis per reference: {len(baseline)} and "
+                        f"{len(system)} hypotheses for {len(references)} references")
+    signatures, scores = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": BLEU()},
+                                    [references], test_type="bs", n_samples=samples)()
+    base, other = scores["BLEU"]
+    return {"p_value": float(other.p_value), "delta_bleu": round(other.score - base.score, 2),
+            "baseline_bleu": round(base.score, 2), "system_bleu": round(other.score, 2),
+            "system_ci95": round(float(other.ci), 2) if other.ci is not None else None,
+            "signature": str(signatures["BLEU"])}
+
+
+def paired_vs(baseline_runs, runs, references, samples=1000):
+    """One paired bootstrap test per seed: ``[{"seed", "p_value", "delta_bleu", ...}]``
+    (seeds where either run was not decoded are left out)."""
+    by_seed = {r["seed"]: r for r in baseline_runs}
+    out = []
+    for r in runs:
+        base = by_seed.get(r["seed"])
+        base_hyps, hyps = (run_hypotheses(base) if base else None), run_hypotheses(r)
+        if base_hyps is None or hyps is None:
+            continue
+        out.append(dict(seed=r["seed"], **paired_bootstrap(base_hyps, hyps, references, samples)))
+    return out
+
+
+def save_hypotheses(results, folder):
+    """Copy each decoded run's hypotheses (corpus order) to ``folder/<backbone>_seed<k>.txt``,
+    so the BLEU scores and paired tests can be checked from the repository alone."""
+    os.makedirs(folder, exist_ok=True)
+    for r in results:
+        hyps = run_hypotheses(r)
+        if hyps is not None:
+            with open(os.path.join(folder, f"{r['backbone']}_seed{r['seed']}.txt"), "w", encoding="utf-8") as f:
+                f.write("".join(h + "\n" for h in hyps))
 
 
 def _fmt(x, digits=2):
@@ -275,38 +355,89 @@ def _check_backbones(backbones):
         raise ConfigError("--backbones: a backbone is listed twice")
 
 
+def _train_all(specs, data, references, recipe, residual_mode, threads, jobs, log, tag):
+    """Train and score every ``(key, backbone, seed, run_dir, recipe_or_None, lr)`` in ``specs``,
+    ``jobs`` at a time; returns ``{key: result}``."""
+    threads = fairseq_runs.threads_per_job(threads, jobs)
+    env = fairseq_runs.cli_env(threads)
+    log = fairseq_runs.serialized(log)
+    done = []
+
+    def task(key, backbone, seed, run_dir, run_recipe, lr):
+        def run():
+            result = run_one(data, references, backbone, run_recipe or recipe, seed, run_dir, residual_mode,
+                             lr=lr, env=env, log=log)
+            done.append(key)
+            log(f"[{tag}] finished {len(done)}/{len(specs)}: {backbone} seed {seed}"
+                + (f" lr {lr:g}" if lr is not None else "") + f" ({result['status']})")
+            return result
+        return run
+
+    return fairseq_runs.run_parallel([(spec[0], task(*spec)) for spec in specs], jobs, log)
+
+
+def parallel_note(jobs, threads):
+    """What the machine field says about concurrency (results do not depend on it)."""
+    threads = fairseq_runs.threads_per_job(threads, jobs)
+    per_run = f"OMP_NUM_THREADS={threads}" if threads else "default threads"
+    if jobs == 1:
+        return f"one run at a time ({per_run})"
+    return f"--jobs {jobs}: {jobs} fairseq trainings at once, {per_run} each (results do not depend on it)"
+
+
 def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="sum", references=None,
-            results_path=None, machine_note="", threads=None, log=print, title="Multi30k En->De"):
+            results_path=None, machine_note="", threads=None, log=print, title="Multi30k En->De", jobs=1,
+            bootstrap_samples=1000):
     """Train, decode and score every backbone for every seed; write JSON, MD and PNG.
 
     ``results_path`` is the path of the JSON file (default ``out/comparison.json``); the
-    table and the plot go next to it with ``.md`` and ``.png``. Returns the summary dict.
+    table and the plot go next to it with ``.md`` and ``.png``, and the hypotheses of every
+    run in ``<stem>_hyps/``. With ``postln`` among the backbones, every other backbone gets
+    ``paired_vs_postln``: sacreBLEU's paired bootstrap test against Post-LN of the same
+    seed. Returns the summary dict.
     """
     _check_backbones(backbones)
     references = test_references(data, references)
-    env = fairseq_runs.cli_env(threads)
-    results = {b: [] for b in backbones}
-    total = len(backbones) * len(seeds)
-    for seed in seeds:  # seeds outermost: an early stop still leaves comparable backbones
-        for backbone in backbones:
-            run_dir = os.path.join(out, backbone, f"seed{seed}")
-            results[backbone].append(run_one(data, references, backbone, recipe, seed, run_dir,
-                                             residual_mode, env=env, log=log))
-            done = sum(len(v) for v in results.values())
-            log(f"[compare] finished {done}/{total}: {backbone} seed {seed}")
+    # seeds outermost: an early stop still leaves comparable backbones
+    specs = [((b, seed), b, seed, os.path.join(out, b, f"seed{seed}"), None, None)
+             for seed in seeds for b in backbones]
+    runs = _train_all(specs, data, references, recipe, residual_mode, threads, jobs, log, "compare")
+    results = {b: [runs[(b, seed)] for seed in seeds] for b in backbones}
     summary = {b: summarize_backbone(results[b], b, residual_mode) for b in backbones}
+    refs = _read_lines(references)
+    if "postln" in backbones:
+        for b in backbones:
+            if b != "postln":
+                summary[b]["paired_vs_postln"] = paired_vs(results["postln"], results[b], refs, bootstrap_samples)
     signatures = {r["signature"] for rs in results.values() for r in rs if r["signature"]}
     summary.update(
         title=title,
         recipe=recipe_record(recipe, data, references, backbones, residual_mode, seeds),
         sacrebleu_signature=" / ".join(sorted(signatures)) or None,
-        machine=machine_description(machine_note),
+        paired_test=PAIRED_TEST_NOTE.format(samples=bootstrap_samples),
+        machine=machine_description(_join(parallel_note(jobs, threads), machine_note)),
         out=os.path.abspath(out),
     )
     results_path = results_path or os.path.join(out, "comparison.json")
+    save_hypotheses([r for rs in results.values() for r in rs], os.path.splitext(results_path)[0] + "_hyps")
     write_outputs(summary, results_path, comparison_markdown, plot_comparison)
-    log(f"[compare] wrote {results_path} (+ .md, .png)")
+    log(f"[compare] wrote {results_path} (+ .md, .png, _hyps/)")
     return summary
+
+
+PAIRED_TEST_NOTE = ("sacreBLEU paired bootstrap resampling ({samples} resamples, seed 12345) of each seed's "
+                    "test hypotheses against Post-LN's of the same seed, on the same sentences; p < 0.05 "
+                    "means that seed's BLEU difference is unlikely to come from the choice of test sentences "
+                    "(it says nothing about seed-to-seed variation, which bleu_std shows)")
+
+
+def _read_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def _join(*notes):
+    return "; ".join(n for n in notes if n)
 
 
 # --------------------------------------------------------------------------------------
@@ -324,7 +455,7 @@ def classify(result, reference_loss, margin):
 
 def lr_sweep(data, out, recipe, lrs, backbones=BACKBONES, seeds=(1,), residual_mode="sum", normal_lr=None,
              margin=1.0, references=None, results_path=None, machine_note="", threads=None, log=print,
-             title="Multi30k En->De"):
+             title="Multi30k En->De", jobs=1):
     """Train every backbone at every learning rate in ``lrs`` (nothing else changes).
 
     ``normal_lr`` (default: the smallest of ``lrs``) is the reference: a run at another
@@ -339,17 +470,10 @@ def lr_sweep(data, out, recipe, lrs, backbones=BACKBONES, seeds=(1,), residual_m
     if normal_lr not in lrs:
         raise ConfigError(f"--normal-lr {normal_lr:g} is not one of --lrs")
     references = test_references(data, references)
-    env = fairseq_runs.cli_env(threads)
     order = [normal_lr] + [lr for lr in lrs if lr != normal_lr]  # the reference runs first
-    runs, total = {}, len(lrs) * len(backbones) * len(seeds)
-    for seed in seeds:
-        for lr in order:
-            for backbone in backbones:
-                run_dir = os.path.join(out, f"lr{lr:g}", backbone, f"seed{seed}")
-                runs[(backbone, lr, seed)] = run_one(data, references, backbone, recipe, seed, run_dir,
-                                                     residual_mode, lr=lr, env=env, log=log)
-                log(f"[lr-sweep] finished {len(runs)}/{total}: {backbone} lr {lr:g} seed {seed} "
-                    f"({runs[(backbone, lr, seed)]['status']})")
+    specs = [((backbone, lr, seed), backbone, seed, os.path.join(out, f"lr{lr:g}", backbone, f"seed{seed}"),
+              None, lr) for seed in seeds for lr in order for backbone in backbones]
+    runs = _train_all(specs, data, references, recipe, residual_mode, threads, jobs, log, "lr-sweep")
     table = {}
     for backbone in backbones:
         table[backbone] = {}
@@ -381,7 +505,7 @@ def lr_sweep(data, out, recipe, lrs, backbones=BACKBONES, seeds=(1,), residual_m
         "margin": margin,
         "recipe": recipe_record(recipe, data, references, backbones, residual_mode, seeds),
         "sacrebleu_signature": " / ".join(sorted(signatures)) or None,
-        "machine": machine_description(machine_note),
+        "machine": machine_description(_join(parallel_note(jobs, threads), machine_note)),
         "out": os.path.abspath(out),
     }
     results_path = results_path or os.path.join(out, "lr_stress.json")
@@ -391,13 +515,125 @@ def lr_sweep(data, out, recipe, lrs, backbones=BACKBONES, seeds=(1,), residual_m
 
 
 # --------------------------------------------------------------------------------------
+# Depth stress test and per-path ablation
+# --------------------------------------------------------------------------------------
+
+DEPTH_SIZE = dict(embed_dim=128, ffn_dim=512, heads=4)  # narrow: where depth, not width, is stressed
+
+
+def depth_stress(data, out, recipe, depths=(6, 12), backbones=DEPTH_BACKBONES, seeds=(1, 2), margin=1.0,
+                 residual_mode="sum", references=None, results_path=None, machine_note="", threads=None,
+                 log=print, title="Multi30k En->De", jobs=1):
+    """Train every backbone at ``L+L`` layers for every L in ``depths`` (``recipe.layers`` is
+    replaced, nothing else changes) and mark each run ``ok`` / ``stalled`` / ``diverged``.
+
+    The lr sweep's rule, with the best run of the same seed as the reference: ``diverged``
+    when fairseq stopped on NaN/inf or no validation loss is finite; ``stalled`` when its
+    best valid loss is more than ``margin`` above the lowest best valid loss among all runs
+    (every depth and backbone) of that seed; ``ok`` otherwise.
+    """
+    _check_backbones(backbones)
+    depths = sorted(set(int(d) for d in depths))
+    if not depths or depths[0] < 1:
+        raise ConfigError("--depths: give one or more layer counts >= 1")
+    references = test_references(data, references)
+    specs = [((depth, b, seed), b, seed, os.path.join(out, f"L{depth}", b, f"seed{seed}"),
+              replace(recipe, layers=depth), None) for seed in seeds for depth in depths for b in backbones]
+    runs = _train_all(specs, data, references, recipe, residual_mode, threads, jobs, log, "depth-stress")
+    reference = {}
+    for seed in seeds:
+        losses = [r["best_valid_loss"] for (_, _, s), r in runs.items()
+                  if s == seed and r["status"] == "finished" and r["best_valid_loss"] is not None]
+        reference[seed] = min(losses) if losses else None
+    table = {}
+    for depth in depths:
+        table[str(depth)] = {}
+        for b in backbones:
+            rs = [runs[(depth, b, seed)] for seed in seeds]
+            entry = summarize_backbone(rs, b, residual_mode)
+            entry["fairseq_status_per_seed"] = entry["status_per_seed"]
+            entry["status_per_seed"] = [classify(r, reference[r["seed"]], margin) for r in rs]
+            entry["reason_per_seed"] = [r["reason"] for r in rs]
+            table[str(depth)][b] = entry
+    signatures = {r["signature"] for r in runs.values() if r["signature"]}
+    record = recipe_record(replace(recipe, layers=depths[0]), data, references, backbones, residual_mode, seeds)
+    record["depths"] = depths
+    record["note"] = (f"--encoder-layers and --decoder-layers are L for L in {depths}; shared_train_flags "
+                      f"show L = {depths[0]}")
+    summary = {
+        "title": title,
+        "depths": table,
+        "backbones": list(backbones),
+        "reference_loss_per_seed": {str(seed): loss for seed, loss in reference.items()},
+        "rule": ("diverged: fairseq stopped on NaN/inf (FloatingPointError: NaN/inf gradients, or fp16 "
+                 "'Minimum loss scale reached') or no finite validation loss; stalled: finished, but its best "
+                 f"valid loss is more than {margin:g} above the lowest best valid loss of all runs of the same "
+                 "seed (fairseq's label-smoothed loss, base 2); ok: neither"),
+        "margin": margin,
+        "recipe": record,
+        "sacrebleu_signature": " / ".join(sorted(signatures)) or None,
+        "machine": machine_description(_join(parallel_note(jobs, threads), machine_note)),
+        "out": os.path.abspath(out),
+    }
+    results_path = results_path or os.path.join(out, "depth_stress.json")
+    write_outputs(summary, results_path, depth_markdown, plot_depth)
+    log(f"[depth-stress] wrote {results_path} (+ .md, .png)")
+    return summary
+
+
+def path_ablation(data, out, recipe, seeds=(1, 2), residual_mode="sum", references=None, results_path=None,
+                  machine_note="", threads=None, log=print, title="Multi30k En->De", jobs=1,
+                  bootstrap_samples=1000):
+    """Which residual path matters: RealFormer with residual attention on one path alone
+    (``encoder``, ``decoder``, ``cross``), on all three (``all``) and Post-LN (``postln``,
+    paths ``none`` being fairseq's ``transformer``), one recipe.
+
+    The runs share ``out`` with the main comparison: ``all`` and ``postln`` are its
+    ``realformer`` and ``postln`` runs, reused when the recipe is the same. Each setting but
+    Post-LN gets ``paired_vs_postln`` per seed.
+    """
+    references = test_references(data, references)
+    specs = [((key, seed), backbone, seed, os.path.join(out, backbone, f"seed{seed}"), None, None)
+             for seed in seeds for key, backbone in ABLATION.items()]
+    runs = _train_all(specs, data, references, recipe, residual_mode, threads, jobs, log, "path-ablation")
+    refs = _read_lines(references)
+    summary = {}
+    for key, backbone in ABLATION.items():
+        rs = [runs[(key, seed)] for seed in seeds]
+        entry = summarize_backbone(rs, backbone, residual_mode)
+        entry["backbone"] = backbone
+        if key != "postln":
+            entry["paired_vs_postln"] = paired_vs([runs[("postln", seed)] for seed in seeds], rs, refs,
+                                                  bootstrap_samples)
+        summary[key] = entry
+    signatures = {r["signature"] for r in runs.values() if r["signature"]}
+    summary.update(
+        title=title,
+        recipe=recipe_record(recipe, data, references, list(ABLATION.values()), residual_mode, seeds),
+        sacrebleu_signature=" / ".join(sorted(signatures)) or None,
+        paired_test=PAIRED_TEST_NOTE.format(samples=bootstrap_samples),
+        machine=machine_description(_join(parallel_note(jobs, threads), machine_note)),
+        out=os.path.abspath(out),
+    )
+    results_path = results_path or os.path.join(out, "path_ablation.json")
+    save_hypotheses([runs[(key, seed)] for key in ("encoder", "decoder", "cross") for seed in seeds],
+                    os.path.splitext(results_path)[0] + "_hyps")
+    write_outputs(summary, results_path, ablation_markdown, plot_ablation)
+    log(f"[path-ablation] wrote {results_path} (+ .md, .png, _hyps/)")
+    return summary
+
+
+# --------------------------------------------------------------------------------------
 # JSON, Markdown, PNG
 # --------------------------------------------------------------------------------------
 
 def write_outputs(summary, json_path, markdown, plot):
+    """``json_path`` plus ``.md`` and ``.png`` beside it; paths inside the repository are
+    written relative to it (committed results carry no paths of the machine they ran on)."""
     os.makedirs(os.path.dirname(os.path.abspath(json_path)) or ".", exist_ok=True)
     stem = os.path.splitext(json_path)[0]
-    fairseq_runs.write_json(json_path, fairseq_runs.finite_or_none(summary))
+    summary = fairseq_runs.portable(fairseq_runs.finite_or_none(summary), REPO)
+    fairseq_runs.write_json(json_path, summary)
     with open(stem + ".md", "w", encoding="utf-8") as f:
         f.write(markdown(summary))
     plot(summary, stem + ".png")
@@ -407,37 +643,110 @@ def _seconds(s):
     return "n/a" if s is None else f"{s / 60:.1f} min"
 
 
+def _bleu_cell(s, n_seeds):
+    bleu = _fmt(s["bleu"]) + (f" ± {s['bleu_std']:.2f}" if s["bleu_std"] is not None else "")
+    if n_seeds == 1:
+        bleu += " (1 seed)"
+    diverged = [seed for seed, st in zip(s["seeds"], s["status_per_seed"]) if st not in ("finished", "ok")]
+    if diverged:
+        bleu += f" (not ok: seeds {diverged})"
+    return bleu
+
+
+def _paired_cell(s):
+    tests = s.get("paired_vs_postln")
+    if not tests:
+        return "—"
+    return ", ".join(f"s{t['seed']}: {t['delta_bleu']:+.2f} (p={t['p_value']:.3f})" for t in tests)
+
+
 def comparison_markdown(summary):
     backbones = [b for b in BACKBONES if b in summary]
     n_seeds = len(summary[backbones[0]]["seeds"])
     settings = summary["recipe"]["settings"]
+    paired = any(summary[b].get("paired_vs_postln") for b in backbones)
     lines = [f"# {summary['title']}: Post-LN vs Pre-LN vs RealFormer", "",
              f"Test BLEU (sacreBLEU, detokenized, cased) of the best checkpoint by "
              f"{'validation BLEU' if settings['select_by_bleu'] else 'validation loss'}, beam {settings['beam']}; "
              + ("**one seed**, so differences of a few tenths are within seed noise." if n_seeds == 1
-                else f"mean ± standard deviation over {n_seeds} seeds."), "",
-             "| backbone | test BLEU | BLEU per seed | best valid loss | updates | train time per seed | decode time |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+                else f"mean ± standard deviation over {n_seeds} seeds (seeds {summary[backbones[0]]['seeds']})."),
+             "",
+             "| backbone | test BLEU | BLEU per seed | best valid loss (mean) | valid loss per seed | "
+             + ("vs Post-LN per seed: ΔBLEU (paired bootstrap p) | " if paired else "")
+             + "updates | train time per seed |",
+             "| --- | --- | --- | --- | --- | " + ("--- | " if paired else "") + "--- | --- |"]
     for b in backbones:
         s = summary[b]
-        bleu = _fmt(s["bleu"]) + (f" ± {s['bleu_std']:.2f}" if s["bleu_std"] is not None else "")
-        if n_seeds == 1:
-            bleu += " (1 seed)"
-        diverged = [seed for seed, st in zip(s["seeds"], s["status_per_seed"]) if st != "finished"]
-        if diverged:
-            bleu += f" (diverged: seeds {diverged})"
         lines.append(
-            f"| {b} | {bleu} | {', '.join(_fmt(x) for x in s['bleu_per_seed'])} | {_fmt(s['valid_loss'], 3)} "
-            f"| {s['updates']} | {', '.join(_seconds(t) for t in s['train_seconds_per_seed'])} "
-            f"| {', '.join(_seconds(t) for t in s['decode_seconds_per_seed'])} |")
+            f"| {b} | {_bleu_cell(s, n_seeds)} | {', '.join(_fmt(x) for x in s['bleu_per_seed'])} "
+            f"| {_fmt(s['valid_loss'], 3)} | {', '.join(_fmt(x, 3) for x in s['valid_loss_per_seed'])} | "
+            + (f"{_paired_cell(s)} | " if paired else "")
+            + f"{s['updates']} | {', '.join(_seconds(t) for t in s['train_seconds_per_seed'])} |")
     lines += ["", "Backbones (the only flags that differ):", ""]
     for b in backbones:
         lines.append(f"- `{b}`: {summary[b]['description']}: `{' '.join(summary[b]['flags'])}`")
-    lines += ["", "Shared fairseq-train flags:", "", "```", " ".join(summary["recipe"]["shared_train_flags"]),
-              "```", "", f"Decoding: `fairseq-generate {' '.join(summary['recipe']['generate_flags'])}`", "",
-              f"sacreBLEU signature: `{summary['sacrebleu_signature']}`", "",
-              f"Machine: {summary['machine']}. Wall times depend on the load of the machine; the "
+    lines += _recipe_lines(summary)
+    return "\n".join(lines)
+
+
+def _recipe_lines(summary):
+    lines = ["", "Shared fairseq-train flags:", "", "```", " ".join(summary["recipe"]["shared_train_flags"]),
+             "```", "", f"Decoding: `fairseq-generate {' '.join(summary['recipe']['generate_flags'])}`", "",
+             f"sacreBLEU signature: `{summary['sacrebleu_signature']}`", ""]
+    if summary.get("paired_test"):
+        lines += [f"Paired test: {summary['paired_test']}.", ""]
+    lines += [f"Machine: {summary['machine']}. Wall times depend on the load of the machine; the "
               "budget is a fixed number of updates, identical for every backbone.", ""]
+    return lines
+
+
+def depth_markdown(summary):
+    backbones = summary["backbones"]
+    settings = summary["recipe"]["settings"]
+    seeds = summary["recipe"]["seeds"]
+    lines = [f"# {summary['title']}: depth stress test (narrow deep models)", "",
+             f"`L+L` layers, d={settings['embed_dim']}, FFN {settings['ffn_dim']}, {settings['heads']} heads; "
+             f"lr {settings['lr']:g}, {settings['warmup_updates']} warmup updates, {settings['max_update']} updates, "
+             f"seeds {seeds}. Each cell: outcome per seed; test BLEU mean ± sd (per seed); best valid loss "
+             "mean (per seed).", ""]
+    for depth, row in summary["depths"].items():
+        lines += [f"## {depth}+{depth} layers", "",
+                  "| backbone | outcome per seed | test BLEU | BLEU per seed | best valid loss | valid loss per seed |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for b in backbones:
+            e = row[b]
+            lines.append(f"| {b} | {', '.join(e['status_per_seed'])} | {_bleu_cell(e, len(seeds))} "
+                         f"| {', '.join(_fmt(x) for x in e['bleu_per_seed'])} | {_fmt(e['valid_loss'], 3)} "
+                         f"| {', '.join(_fmt(x, 3) for x in e['valid_loss_per_seed'])} |")
+        lines.append("")
+    lines += [f"Rule: {summary['rule']}. Reference (lowest best valid loss) per seed: "
+              + ", ".join(f"seed {k}: {_fmt(v, 3)}" for k, v in summary["reference_loss_per_seed"].items()) + ".",
+              "", "Backbones (the only flags that differ):", ""]
+    for b in backbones:
+        e = next(iter(summary["depths"].values()))[b]
+        lines.append(f"- `{b}`: {e['description']}: `{' '.join(e['flags'])}`")
+    lines += ["", f"Depths: {summary['recipe']['note']}."] + _recipe_lines(summary)
+    return "\n".join(lines)
+
+
+def ablation_markdown(summary):
+    keys = [k for k in ABLATION if k in summary]
+    n_seeds = len(summary[keys[0]]["seeds"])
+    lines = [f"# {summary['title']}: which residual path matters", "",
+             f"RealFormer with residual attention on one path, on all three, and Post-LN (paths `none`); "
+             f"one recipe, seeds {summary[keys[0]]['seeds']}. Test BLEU mean ± sd over seeds.", "",
+             "| paths | backbone | test BLEU | BLEU per seed | best valid loss (mean) | valid loss per seed "
+             "| vs Post-LN per seed: ΔBLEU (paired bootstrap p) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for k in keys:
+        s = summary[k]
+        lines.append(f"| {k} | `{s['backbone']}` | {_bleu_cell(s, n_seeds)} "
+                     f"| {', '.join(_fmt(x) for x in s['bleu_per_seed'])} | {_fmt(s['valid_loss'], 3)} "
+                     f"| {', '.join(_fmt(x, 3) for x in s['valid_loss_per_seed'])} | {_paired_cell(s)} |")
+    lines += ["", "Flags of each setting (the only ones that differ):", ""]
+    for k in keys:
+        lines.append(f"- `{k}`: `{' '.join(summary[k]['flags'])}`")
+    lines += _recipe_lines(summary)
     return "\n".join(lines)
 
 
@@ -470,7 +779,8 @@ def sweep_markdown(summary):
     return "\n".join(lines)
 
 
-_COLORS = {"postln": "tab:blue", "preln": "tab:orange", "realformer": "tab:green"}
+_COLORS = {"postln": "tab:blue", "preln": "tab:orange", "realformer": "tab:green", "realformer_mean": "tab:red",
+           "realformer_encoder": "tab:purple", "realformer_decoder": "tab:brown", "realformer_cross": "tab:pink"}
 
 
 def _pyplot():
@@ -539,6 +849,67 @@ def plot_sweep(summary, path):
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("validation loss")
     fig.suptitle(f"{summary['title']}: learning-rate stability (x = diverged or stalled)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _curve_with_band(ax, s, color, label):
+    """Mean validation curve of one entry, with its min-max band over seeds."""
+    if not s["curve"]:
+        ax.plot([], [], color=color, label=label + " (no finite valid loss)")
+        return
+    ax.plot(*zip(*s["curve"]), marker="o", markersize=2, color=color, label=label)
+    if len(s["seeds"]) > 1 and s["curve_min_max"]:
+        band = s["curve_min_max"]
+        ax.fill_between([u for u, _, _ in band], [lo for _, lo, _ in band], [hi for _, _, hi in band],
+                        color=color, alpha=0.2)
+
+
+def plot_depth(summary, path):
+    """One panel per depth: validation loss against updates per backbone (mean, min-max band)."""
+    plt = _pyplot()
+    depths = list(summary["depths"])
+    fig, axes = plt.subplots(1, len(depths), figsize=(6 * len(depths), 4.5), squeeze=False, sharey=True)
+    for ax, depth in zip(axes[0], depths):
+        for b in summary["backbones"]:
+            e = summary["depths"][depth][b]
+            outcomes = "/".join(e["status_per_seed"])
+            _curve_with_band(ax, e, _COLORS[b], f"{b}: {outcomes}, BLEU {_fmt(e['bleu'])}")
+        ax.set_title(f"{depth}+{depth} layers")
+        ax.set_xlabel("updates")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("validation loss (mean, min-max over seeds)")
+    fig.suptitle(f"{summary['title']}: depth stress test")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_ablation(summary, path):
+    """Test BLEU per path setting (mean ± sd, seeds as dots) and validation loss curves."""
+    plt = _pyplot()
+    keys = [k for k in ABLATION if k in summary]
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, k in enumerate(keys):
+        s = summary[k]
+        color = _COLORS[s["backbone"]]
+        bars.bar(i, s["bleu"] or 0, yerr=s["bleu_std"] or 0, color=color, alpha=0.6, capsize=4)
+        seeds = [b for b in s["bleu_per_seed"] if b is not None]
+        bars.scatter([i] * len(seeds), seeds, color="black", s=12, zorder=3)
+        _curve_with_band(curves, s, color, k)
+    bars.set_xticks(range(len(keys)), keys)
+    finite = [b for k in keys for b in summary[k]["bleu_per_seed"] if b is not None]
+    if finite:
+        bars.set_ylim(min(finite) - 2, max(finite) + 1)
+    bars.set_ylabel("test BLEU (mean ± sd; dots: seeds)")
+    bars.grid(alpha=0.3, axis="y")
+    curves.set_xlabel("updates")
+    curves.set_ylabel("validation loss")
+    curves.grid(alpha=0.3)
+    curves.legend()
+    fig.suptitle(f"{summary['title']}: residual attention on one path vs all vs none")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -160,7 +160,7 @@ def environment(backend):
     return {
         "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
         "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "backend": backend, "cxx": shutil.which(cxx or "g++"),
+        "backend": backend, "cxx": os.path.basename(shutil.which(cxx or "g++") or "") or None,
         "load_average_at_start": os.getloadavg(),
     }
 

@@ -16,6 +16,7 @@ uses the same pieces with its own evaluation):
   order (fairseq prints them in batch order), and sacreBLEU against the raw references.
 """
 
+import concurrent.futures
 import json
 import math
 import os
@@ -24,9 +25,13 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 from ..errors import ConfigError, RealFormerError
+
+# the repository (or installed tree) holding the package: committed results name paths relative to it
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class RunError(RealFormerError):
@@ -62,6 +67,72 @@ def cli_env(threads=None):
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return env
+
+
+def threads_per_job(threads, jobs):
+    """OMP_NUM_THREADS for each of ``jobs`` concurrent runs: ``threads`` if given, else the
+    machine's cores shared out (one each on a 2-core machine with ``--jobs 2``)."""
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1, not {jobs}")
+    if threads:
+        return threads
+    return max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+
+
+def run_parallel(tasks, jobs=1, log=print):
+    """Run ``tasks`` (``[(key, callable), ...]``, each one fairseq run or more) ``jobs`` at a
+    time, in the given order; returns ``{key: result}``.
+
+    Threads are enough: every task waits on fairseq subprocesses. Log lines of concurrent
+    tasks are serialized. If a task fails, the tasks not yet started are cancelled, the
+    running ones finish (their results are kept on disk, so a re-run reuses them) and the
+    first error is raised.
+    """
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1, not {jobs}")
+    if jobs == 1:
+        return {key: task() for key, task in tasks}
+    results, error = {}, None
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(task): key for key, task in tasks}
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                results[futures[future]] = future.result()
+            except concurrent.futures.CancelledError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the running tasks end
+                if error is None:
+                    error = exc
+                    for other in futures:
+                        other.cancel()
+    if error is not None:
+        raise error
+    return {key: results[key] for key, _ in tasks}
+
+
+def serialized(log):
+    """``log`` made safe to call from several threads (one line at a time)."""
+    lock = threading.Lock()
+
+    def locked(message):
+        with lock:
+            log(message)
+    return locked
+
+
+def portable(obj, root=REPO):
+    """JSON-ready copy of ``obj`` whose strings name paths under ``root`` relative to it
+    (committed results must not carry the paths of the machine they ran on)."""
+    root = os.path.abspath(root).rstrip(os.sep)
+    if isinstance(obj, str):
+        if obj == root:
+            return "."
+        return obj.replace(root + os.sep, "")
+    if isinstance(obj, dict):
+        return {k: portable(v, root) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [portable(v, root) for v in obj]
+    return obj
 
 
 # --------------------------------------------------------------------------------------

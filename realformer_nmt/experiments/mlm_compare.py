@@ -234,10 +234,11 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
     results_path = results_path or os.path.join(out, "mlm_comparison.json")
     os.makedirs(os.path.dirname(os.path.abspath(results_path)) or ".", exist_ok=True)
     stem = os.path.splitext(results_path)[0]
-    fairseq_runs.write_json(results_path, fairseq_runs.finite_or_none(summary))
+    portable = fairseq_runs.portable(fairseq_runs.finite_or_none(summary))
+    fairseq_runs.write_json(results_path, portable)
     with open(stem + ".md", "w", encoding="utf-8") as f:
-        f.write(comparison_markdown(summary))
-    plot_comparison(summary, stem + ".png")
+        f.write(comparison_markdown(portable))
+    plot_comparison(portable, stem + ".png")
     log(f"[compare-mlm] wrote {results_path} (+ .md, .png)")
     return summary
 
