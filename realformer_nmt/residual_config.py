@@ -180,8 +180,10 @@ def add_args(parser, available=PATHS):
     group.add_argument(
         KERNEL_FLAG, choices=KERNELS,
         help="how residual attention is computed (all compute the same function): "
-             "materialized (B x H x T x S float32 scores passed between layers), fused "
-             "(concatenated queries/keys passed on, PyTorch's scaled_dot_product_attention; "
-             "no T x S tensor stored), or auto (per path and call, by the rule in "
-             "modules/residual_attention.py). Default: auto",
+             "materialized (B x H x T x S float32 scores passed between layers, explicit softmax), "
+             "bias (the previous layers' float32 sum enters PyTorch's scaled_dot_product_attention "
+             "as an additive mask: no probabilities stored on CUDA), fused (concatenated "
+             "queries/keys passed on, scaled_dot_product_attention; no T x S tensor stored), or "
+             "auto (per path and call: the rule in modules/residual_attention.py, measured on CPU; "
+             "on CUDA results/gpu/kernel_rule.json, else bias). Default: auto",
     )

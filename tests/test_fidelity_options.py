@@ -14,7 +14,7 @@ from test_incremental_decoding import step_by_step
 
 from realformer_nmt.errors import ConfigError
 
-KERNELS = ["materialized", "fused"]
+KERNELS = ["materialized", "fused", "bias"]
 LAYERS = dict(encoder_layers=4, decoder_layers=3)
 ENC_KEPT, DEC_KEPT = [0, 2, 3], [1, 2]
 

@@ -10,6 +10,8 @@ from conftest import batch, build
 CONFIGS = [
     dict(),
     dict(residual_attention_kernel="fused", residual_attention_mode="mean"),
+    dict(residual_attention_kernel="bias", residual_attention_mode="mean"),
+    dict(residual_attention_kernel="bias", cross_self_attention=True),
     dict(residual_attention_mode="mean"),
     dict(residual_attention_paths="decoder"),
     dict(residual_attention_paths="cross"),
@@ -59,7 +61,7 @@ def test_incremental_matches_full_pass_after_beam_reorder(dictionary, overrides)
     assert (incremental - full).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("kernel", ["auto", "fused"])
+@pytest.mark.parametrize("kernel", ["auto", "fused", "bias"])
 def test_only_current_step_rows_flow_between_layers(dictionary, kernel):
     """In cached decoding each layer hands on [B, H, 1, S] rows, never the whole history,
     whatever the kernel setting (cached steps always run the materialized kernel)."""

@@ -8,7 +8,7 @@ import paper_reference as ref
 from conftest import batch, build
 
 PATH_SETS = ["encoder", "decoder", "cross", "encoder,decoder,cross", "none"]
-KERNELS = ["materialized", "fused", "auto"]
+KERNELS = ["materialized", "fused", "bias", "auto"]
 
 
 def reference_logits(model, src, tgt, paths, mode, pre_ln=False):

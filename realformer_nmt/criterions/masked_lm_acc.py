@@ -15,11 +15,15 @@ from fairseq.logging import metrics
 def count_correct(logits, target, padding_idx):
     """``(n_correct, n_predicted)`` for MLM ``logits`` against ``target`` (pad = not masked).
 
-    ``logits`` is ``[n_masked, V]`` (only masked positions projected, fairseq's default) or
-    ``[B, T, V]`` (every position projected)."""
+    ``logits`` is ``[n_masked, V]`` (only masked positions projected, fairseq's default),
+    ``[B, T, V]`` (every position projected: fairseq on CPU when no token is masked) or
+    ``[B * T, V]`` (every position projected, flattened: fairseq on accelerators when no
+    token is masked, where it selects all positions with a ``[B, T]`` all-True mask)."""
     masked = target.ne(padding_idx)
     if logits.dim() == target.dim() + 1:
         logits = logits[masked]
+    elif target.dim() > 1 and logits.size(0) == target.numel():
+        logits = logits[masked.reshape(-1)]  # every position projected, flattened
     targets = target[masked]
     return (logits.argmax(dim=-1) == targets).sum(), targets.numel()
 

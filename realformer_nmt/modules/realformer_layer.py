@@ -247,7 +247,10 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
                 key_padding_mask=encoder_padding_mask,
                 incremental_state=incremental_state,
                 static_kv=True,
-                need_weights=need_attn or (not self.training and self.need_attn),
+                # Only the layer the decoder asks (fairseq's alignment layer) returns weights.
+                # fairseq's own layer also computes them for every layer in eval mode and
+                # throws them away, which would force the materialized kernel everywhere.
+                need_weights=need_attn,
                 need_head_weights=need_head_weights,
                 prev_state=prev_cross_state,
             )

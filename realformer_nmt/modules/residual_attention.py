@@ -21,14 +21,22 @@ where masks go, the dtype of the running sum, and the choice of kernel.
 Kernels (``--residual-attention-kernel``); all compute the same function:
 
 * ``materialized``: the running sum is a ``[B, H, T, S]`` float32 tensor handed from layer
-  to layer (fp16/bf16 logits are summed in float32: 48 layers of fp16 logits overflow).
+  to layer (fp16/bf16 logits are summed in float32: 48 layers of fp16 logits overflow);
+  the softmax is formed explicitly, so its ``T x S`` probabilities are stored for backward.
+* ``bias``: layer n calls PyTorch's ``scaled_dot_product_attention`` (SDPA) with the
+  previous layers' sum as an additive mask, ``softmax(q k^T / c_n + B_n) v`` with
+  ``B_n = A_{n-1} / c_n + mask``, and hands ``A_n = A_{n-1} + Q_n K_n^T / sqrt(d)`` on,
+  formed with one float32 ``baddbmm`` only when the next layer asks for it (the last layer
+  of a path never does). On CUDA, SDPA's memory-efficient kernel takes a float mask that
+  needs a gradient, so per layer one ``T x S`` bias in the input dtype is stored instead of
+  the float32 sum plus probabilities; the running sum itself stays float32. On CPU, SDPA
+  runs its math kernel for such a mask (same function, materialized's cost).
 * ``fused``: since ``A_n = sum_i Q_i K_i^T / sqrt(d) = [Q_1 .. Q_n] [K_1 .. K_n]^T / sqrt(d)``,
   the path carries the projected queries and keys of its layers (``[B, H, T, d]`` and
-  ``[B, H, S, d]`` each) and layer n is one call of PyTorch's
-  ``scaled_dot_product_attention`` (SDPA) on them side by side (query/key head dim
-  ``n*d``): no ``T x S`` score or probability tensor is ever stored. The sum over layers
-  is part of the kernel's dot product, accumulated in float32 by SDPA's fused kernels
-  (flash / memory-efficient) whatever the input dtype. For n > 1 the call is
+  ``[B, H, S, d]`` each) and layer n is one call of SDPA on them side by side (query/key
+  head dim ``n*d``): no ``T x S`` score or probability tensor is ever stored. The sum over
+  layers is part of the kernel's dot product, accumulated in float32 by SDPA's fused
+  kernels (flash / memory-efficient) whatever the input dtype. For n > 1 the call is
   recomputed in backward (``torch.utils.checkpoint``) instead of keeping its
   ``n*d``-wide inputs, so what a path stores grows with its depth as one ``[B, H, T, d]``
   query and key per layer, the tensors the projections produce anyway. On CPU,
@@ -40,9 +48,21 @@ Kernels (``--residual-attention-kernel``); all compute the same function:
 Calls that need ``T x S`` tensors anyway use ``materialized`` whatever the setting:
 cached decoding (one query row per step: only that row of scores flows between layers,
 which is cheap) and calls that return attention weights (``--print-alignment``, analysis).
-A path can go from fused to materialized (``A_n = Q K^T`` is formed once), never back.
+A path can go from fused to materialized or bias (``A_n = Q K^T`` is formed once), never
+back.
+
+Query rows that see no real key (every key they may attend to is padding: the first rows
+of a left-padded target under the causal mask) attend uniformly to the padded keys they may
+see, in every kernel; their output is a constant of the scores, so no kernel sends a
+gradient from them to the queries, keys or earlier layers' scores (SDPA would, through an
+additive mask that only rounds the scores away: those rows are recomputed from detached
+scores where they occur).
 """
 
+import json
+import logging
+import os
+from functools import lru_cache
 from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
@@ -56,7 +76,9 @@ from fairseq.modules import MultiheadAttention
 from .dropout_names import use_fairseq_dropout_names
 
 RESIDUAL_MODES = ("sum", "mean")
-KERNELS = ("auto", "materialized", "fused")
+KERNELS = ("auto", "materialized", "fused", "bias")
+
+logger = logging.getLogger(__name__)
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
@@ -64,13 +86,13 @@ IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 class ResidualState(NamedTuple):
     """What one layer of a residual path hands to the same module of the next layer.
 
-    Exactly one representation of the running sum ``A_n`` is set:
+    The running sum is ``A_n = scores + sum_i queries[i] @ keys[i]^T``:
 
-    * ``scores``: ``[B, H, T, S]`` float32, ``A_n`` itself (materialized kernel; in cached
-      decoding only the current step's rows, ``T = 1``);
-    * ``queries``, ``keys``: the projected queries (scaled by ``1/sqrt(d)``) and keys of
-      the layers in the sum, one ``[B, H, T, d]`` / ``[B, H, S, d]`` tensor per layer, so
-      that ``A_n = sum_i queries[i] @ keys[i]^T`` (fused kernel).
+    * ``scores``: a ``[B, H, T, S]`` float32 part of it, or None (materialized: all of
+      ``A_n``; bias: ``A_{n-1}``; in cached decoding only the current step's rows, ``T = 1``);
+    * ``queries``, ``keys``: terms not yet multiplied out, the projected queries (scaled by
+      ``1/sqrt(d)``) and keys of layers, one ``[B, H, T, d]`` / ``[B, H, S, d]`` tensor per
+      layer (fused: every layer's; bias: this layer's).
 
     ``terms``: ``n``, the number of layers whose scores are in the sum (the divisor
     ``c_n`` of mean mode).
@@ -88,24 +110,33 @@ class ResidualState(NamedTuple):
 
     @property
     def fused(self) -> bool:
+        """Whether the sum is still factored into queries and keys (what ``fused`` needs)."""
         return self.scores is None
 
     def running_sum(self) -> Tensor:
         """``A_n`` as a float32 ``[B, H, T, S]`` tensor, whichever kernel produced it."""
-        if self.scores is not None:
-            return self.scores
-        q = torch.cat(self.queries, dim=-1).float()
-        k = torch.cat(self.keys, dim=-1).float()
-        return torch.matmul(q, k.transpose(-1, -2))
+        if self.scores is None:
+            q = torch.cat(self.queries, dim=-1).float()
+            k = torch.cat(self.keys, dim=-1).float()
+            return torch.matmul(q, k.transpose(-1, -2))
+        total = self.scores
+        for q, k in zip(self.queries, self.keys):
+            bsz, heads, tgt_len, dim = q.shape
+            total = torch.baddbmm(
+                total.reshape(bsz * heads, tgt_len, -1),
+                q.float().reshape(bsz * heads, tgt_len, dim),
+                k.float().reshape(bsz * heads, -1, dim).transpose(1, 2),
+            ).view(bsz, heads, tgt_len, -1)
+        return total
 
 
 def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int) -> str:
     """The kernel ``auto`` runs for layer ``terms`` of a path on a full (uncached) pass.
 
-    Rule: the first layer of a path runs ``fused`` (that call is PyTorch's own fused
+    On CPU: the first layer of a path runs ``fused`` (that call is PyTorch's own fused
     attention with query/key head dim ``d``; the next layer forms ``A_1 = Q_1 K_1^T`` once
-    when it adds its scores), every later layer ``materialized``; on CPU with attention
-    dropout active, ``materialized`` throughout.
+    when it adds its scores), every later layer ``materialized``; with attention dropout
+    active, ``materialized`` throughout.
 
     Why, measured on this project's 2-core CPU (``python scripts/benchmark_kernels.py``,
     attention alone, 6 layers, B=8, H=8, d=64, float32, forward + backward; table in
@@ -115,17 +146,95 @@ def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int) -> 
     and it recomputes its call in backward. ``fused`` for the first layer only was never
     slower than ``materialized`` beyond noise (0.84x-1.01x its time), and it stores one layer's
     ``T x S`` probabilities fewer. PyTorch's fused CPU kernel has no dropout (SDPA falls
-    back to its unfused math kernel), hence materialized there. On CUDA the same rule is
-    applied without having been measured (no GPU was available): re-derive it with
-    ``scripts/benchmark_kernels.py --device cuda``.
+    back to its unfused math kernel), hence materialized there. ``bias`` on CPU runs SDPA's
+    math kernel (a mask with a gradient), no better than ``materialized``.
+
+    On CUDA: the rule measured by the GPU check (``results/gpu/kernel_rule.json``, written
+    by ``python -m realformer_nmt.experiments.gpu_check --steps speed``; another file can be
+    named by ``REALFORMER_KERNEL_RULE``), ``{"rule": {"first_layer": K, "later_layers": K}}``.
+    Until a GPU has measured it: ``bias`` for every layer (it stores no probabilities and
+    adds no QK work; ``fused`` grows its QK work with depth). ``bias`` is replaced by
+    ``materialized`` if no fused SDPA backend of this GPU takes a float mask with a gradient
+    (then SDPA would store the probabilities anyway). The rule applied is logged once.
     """
-    if device.type != "cuda" and training_dropout:
-        return "materialized"
-    return "fused" if terms <= FUSED_MAX_TERMS else "materialized"
+    if device.type != "cuda":
+        if training_dropout:
+            return "materialized"
+        return "fused" if terms <= FUSED_MAX_TERMS else "materialized"
+    rule = cuda_kernel_rule()
+    kernel = rule["first_layer"] if terms == 1 else rule["later_layers"]
+    if kernel == "bias" and not bias_has_fused_backend(device):
+        kernel = "materialized"
+    return kernel
 
 
-# Layers of a path (counted from its first) that ``auto`` runs fused (see ``auto_kernel``).
+# Layers of a path (counted from its first) that ``auto`` runs fused on CPU (see ``auto_kernel``).
 FUSED_MAX_TERMS = 1
+KERNEL_RULE_ENV = "REALFORMER_KERNEL_RULE"
+DEFAULT_CUDA_RULE = {"first_layer": "bias", "later_layers": "bias"}
+
+
+def kernel_rule_path() -> str:
+    """Where the measured CUDA rule is read from (``REALFORMER_KERNEL_RULE`` or the
+    repository's ``results/gpu/kernel_rule.json``)."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.environ.get(KERNEL_RULE_ENV) or os.path.join(repo, "results", "gpu", "kernel_rule.json")
+
+
+@lru_cache(maxsize=None)
+def _read_kernel_rule(path: str) -> Tuple[Dict[str, str], str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        return dict(DEFAULT_CUDA_RULE), "no measured rule (bias for every layer until the GPU check measures one)"
+    except (OSError, ValueError) as exc:
+        return dict(DEFAULT_CUDA_RULE), f"unreadable kernel rule {path} ({exc}); bias for every layer"
+    rule = record.get("rule", {}) if isinstance(record, dict) else {}
+    picked = {}
+    for position in ("first_layer", "later_layers"):
+        kernel = rule.get(position)
+        picked[position] = kernel if kernel in ("materialized", "fused", "bias") else DEFAULT_CUDA_RULE[position]
+    where = record.get("device", "a GPU") if isinstance(record, dict) else "a GPU"
+    return picked, f"rule measured on {where} ({path})"
+
+
+_LOGGED_RULES = set()
+
+
+def cuda_kernel_rule() -> Dict[str, str]:
+    """``{"first_layer": kernel, "later_layers": kernel}`` for ``auto`` on CUDA (logged once)."""
+    path = kernel_rule_path()
+    rule, origin = _read_kernel_rule(path)
+    if path not in _LOGGED_RULES:
+        _LOGGED_RULES.add(path)
+        logger.info("residual attention kernel 'auto' on CUDA: first layer of a path %s, later layers %s (%s)",
+                    rule["first_layer"], rule["later_layers"], origin)
+    return rule
+
+
+@lru_cache(maxsize=None)
+def _bias_backend_probe(device: str) -> bool:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    try:
+        q = torch.randn(1, 1, 8, 16, device=device, dtype=torch.float16, requires_grad=True)
+        bias = torch.zeros(1, 1, 8, 8, device=device, dtype=torch.float16, requires_grad=True)
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
+            F.scaled_dot_product_attention(q, q, q, attn_mask=bias).sum().backward()
+        ok = bias.grad is not None
+    except RuntimeError:
+        ok = False
+    if not ok:
+        logger.warning("no fused SDPA backend on %s takes a float mask with a gradient: 'auto' uses "
+                       "materialized instead of bias there", device)
+    return ok
+
+
+def bias_has_fused_backend(device: torch.device) -> bool:
+    """Whether a fused SDPA backend (not the math kernel) takes a float mask that needs a
+    gradient on this CUDA device, forward and backward (probed once per device)."""
+    return device.type == "cuda" and _bias_backend_probe(str(device))
 
 
 class ResidualMultiheadAttention(MultiheadAttention):
@@ -206,8 +315,11 @@ class ResidualMultiheadAttention(MultiheadAttention):
             )
             return output, weights, None
         need_weights = need_weights or need_head_weights
-        if self.kernel_for(query, key, incremental_state, need_weights, prev_state) == "fused":
+        kernel = self.kernel_for(query, key, incremental_state, need_weights, prev_state)
+        if kernel == "fused":
             return self._fused_forward(query, key, value, key_padding_mask, attn_mask, prev_state)
+        if kernel == "bias":
+            return self._bias_forward(query, key, value, key_padding_mask, attn_mask, prev_state)
         return self._materialized_forward(
             query, key, value, key_padding_mask, incremental_state,
             need_weights, static_kv, attn_mask, need_head_weights, prev_state,
@@ -215,17 +327,19 @@ class ResidualMultiheadAttention(MultiheadAttention):
 
     def kernel_for(self, query: Tensor, key: Optional[Tensor], incremental_state, need_weights: bool,
                    prev_state: Optional[ResidualState]) -> str:
-        """The kernel this call runs (``materialized`` or ``fused``)."""
+        """The kernel this call runs (``materialized``, ``fused`` or ``bias``)."""
         if incremental_state is not None or need_weights:
             return "materialized"  # one row per step / weights wanted: T x S exists anyway
-        if prev_state is not None and not prev_state.fused:
-            return "materialized"  # a materialized sum cannot be split into Q and K again
-        if self.kernel != "auto":
-            return self.kernel
-        return auto_kernel(
-            device=query.device, training_dropout=self._dropout_p() > 0,
-            terms=(prev_state.terms if prev_state is not None else 0) + 1,
-        )
+        kernel = self.kernel
+        if kernel == "auto":
+            kernel = auto_kernel(
+                device=query.device, training_dropout=self._dropout_p() > 0,
+                terms=(prev_state.terms if prev_state is not None else 0) + 1,
+            )
+        if kernel == "fused" and prev_state is not None and not prev_state.fused:
+            # a multiplied-out sum cannot be split into Q and K again
+            return "bias" if bias_has_fused_backend(query.device) else "materialized"
+        return kernel
 
     def _dropout_p(self) -> float:
         dropout = self.dropout_module
@@ -336,8 +450,49 @@ class ResidualMultiheadAttention(MultiheadAttention):
             out = checkpoint(_stacked_attention, *args, *queries, *keys, v, use_reentrant=False)
         else:
             out = _stacked_attention(*args, *queries, *keys, v)
+        out = self._uniform_rows_without_real_keys(out, v, key_padding_mask, attn_mask, causal)
         output = self._project_out(out, tgt_len, bsz)
         return output, None, ResidualState(queries=queries, keys=keys, terms=terms)
+
+    def _uniform_rows_without_real_keys(self, out: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+                                        attn_mask: Optional[Tensor], causal_shortcut: bool) -> Tensor:
+        """SDPA's ``out`` with the rows that see no real key replaced by what the
+        materialized kernel computes there: the uniform average of the values of the
+        padded keys, a constant of the scores. (SDPA's own forward rounds to that, but its
+        backward recomputes those probabilities from a log-sum-exp that the mask's huge
+        value swallows, and sends gradients through the scores.)"""
+        dead = _rows_without_real_keys(key_padding_mask, attn_mask, causal_shortcut)
+        if dead is None:
+            return out
+        weights = dead & key_padding_mask.to(torch.bool)[:, None, None, :]  # [B, 1, T, S]
+        weights = weights.to(v.dtype)
+        weights = weights / weights.sum(-1, keepdim=True).clamp(min=1)
+        weights = F.dropout(weights, p=self._dropout_p(), training=self._dropout_p() > 0)
+        return torch.where(dead, torch.matmul(weights, v), out)
+
+    # ----------------------------------------------------------------------------------
+    # bias: the previous layers' sum as SDPA's additive mask
+    # ----------------------------------------------------------------------------------
+
+    def _bias_forward(self, query, key, value, key_padding_mask, attn_mask, prev_state):
+        if prev_state is None:  # nothing to add yet: the first layer is fused's (plain SDPA)
+            return self._fused_forward(query, key, value, key_padding_mask, attn_mask, None)
+        tgt_len, bsz, _ = query.size()
+        q, k, v = self._project(query, key, value)  # [B, H, T|S, d]; q scaled by 1/sqrt(d)
+        prev = prev_state.running_sum()  # A_{n-1}, float32 (one baddbmm after a bias layer)
+        expected = (bsz, self.num_heads, tgt_len, k.size(2))
+        if tuple(prev.shape) != expected:
+            raise ValueError(f"the previous layer's scores have shape {tuple(prev.shape)}, expected {expected} "
+                             "(batch x heads x tgt_len x src_len of this layer)")
+        terms = prev_state.terms + 1
+        divisor = self._divisor(terms)
+        bias = _additive_bias(prev, divisor, key_padding_mask, attn_mask, q.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self._dropout_p(),
+                                             scale=1.0 / divisor)
+        out = self._uniform_rows_without_real_keys(out, v, key_padding_mask, attn_mask, False)
+        output = self._project_out(out, tgt_len, bsz)
+        # A_n = A_{n-1} + q k^T is formed by the next layer that asks for it
+        return output, None, ResidualState(scores=prev, queries=(q,), keys=(k,), terms=terms)
 
     def _project(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor]):
         """fairseq's q/k/v projections for a full pass, as ``[B, H, T, d]`` tensors."""
@@ -439,3 +594,38 @@ def _pads_only_at_the_end(key_padding_mask: Tensor) -> bool:
     """Every row is real keys, then padding (right padding)."""
     pad = key_padding_mask.to(torch.bool)
     return bool((pad[:, 1:] | ~pad[:, :-1]).all())
+
+
+def _additive_bias(prev: Tensor, divisor: float, key_padding_mask: Optional[Tensor],
+                   attn_mask: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    """``B_n = A_{n-1} / c_n + mask`` in the input dtype, ``[B, H, T, S]``: ``attn_mask`` is
+    added, padded keys are *replaced* by the dtype's most negative finite value (as the
+    materialized kernel does: a row whose keys are all padded is uniform, not NaN)."""
+    if divisor != 1.0:
+        bias = prev / divisor
+        if attn_mask is not None:
+            bias.add_(attn_mask.to(bias.dtype))
+    elif attn_mask is not None:
+        bias = prev + attn_mask.to(prev.dtype)
+    else:
+        bias = prev.clone() if key_padding_mask is not None else prev  # never written into A_{n-1}
+    if key_padding_mask is not None:
+        bias.masked_fill_(key_padding_mask.to(torch.bool)[:, None, None, :], torch.finfo(dtype).min)
+    return bias.to(dtype)
+
+
+def _rows_without_real_keys(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor],
+                            causal_shortcut: bool) -> Optional[Tensor]:
+    """``[B, 1, T, 1]``, True at query rows whose every key is padded or hidden by
+    ``attn_mask`` (-inf), or None when there are none: with both masks, the first rows of
+    left-padded targets under the causal mask. (The right-padded causal shortcut of
+    :func:`_sdpa_mask` recomputes its padded rows over the real keys, so it has none; with
+    padding alone a row sees no real key only if its whole sentence is padding, which
+    fairseq's batches never hold: not checked, to spare a device sync per layer.)"""
+    if key_padding_mask is None or attn_mask is None or causal_shortcut:
+        return None
+    visible = ~key_padding_mask.to(torch.bool)[:, None, :] & ~torch.isneginf(attn_mask)[None]  # [B, T, S]
+    dead = ~visible.any(dim=-1)
+    if not bool(dead.any()):
+        return None
+    return dead[:, None, :, None]
