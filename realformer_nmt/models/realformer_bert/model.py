@@ -3,14 +3,22 @@
 Built the way fairseq's own Linformer plugin builds ``linformer_roberta``: a
 ``RobertaModel`` subclass whose ``RobertaEncoder.build_encoder`` returns another
 sentence encoder, here the core :class:`RealFormerTransformerEncoder` (the one copy of
-the residual attention loop). Everything else is RoBERTa's: embeddings, LM head,
-classification heads, ``--max-positions``, the hub interface, fairseq's ``masked_lm``,
-``sentence_prediction`` and ``sentence_ranking`` tasks. With
-``--residual-attention-paths none`` it computes exactly ``roberta`` (same state dict).
+the residual attention loop) with BERT's embedding options (``sentence_encoder``).
+Everything else is RoBERTa's: embeddings, LM head, classification heads,
+``--max-positions``, the hub interface, fairseq's ``masked_lm``, ``sentence_prediction``
+and ``sentence_ranking`` tasks. With ``--residual-attention-paths none`` it computes
+exactly ``roberta`` (same state dict).
 
 Architectures: the paper's Table 1 (He et al., 2021) on top of RoBERTa's defaults
-(GELU, Post-LN, dropout 0.1, embedding layer norm, learned positions up to 512).
+(GELU, Post-LN, dropout 0.1, embedding layer norm, learned positions up to 512), and
+``realformer_bert_google_*``: the same sizes computing exactly what Google's TF BERT
+computes (segment embeddings, positions from 0, LayerNorm epsilon 1e-12, tanh GELU; see
+``sentence_encoder``), the model that ``scripts/convert_google_checkpoint.py`` makes
+from the released RealFormer checkpoints.
 """
+
+import logging
+import os
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta import RobertaEncoder, RobertaModel
@@ -19,9 +27,13 @@ from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr, safe_hasattr
 
 from ... import residual_config
-from ..realformer_transformer import RealFormerTransformerEncoder
+from .hub_interface import RealFormerBertHubInterface
+from .sentence_encoder import RealFormerBertSentenceEncoder, set_layer_norm_eps
+
+logger = logging.getLogger(__name__)
 
 PATHS = ("encoder",)  # an encoder-only model has one attention path
+GOOGLE_NSP_HEAD = "next_sentence"  # where converted Google checkpoints keep BERT's pooler + NSP classifier
 MEAN_ABOVE_LAYERS = 24  # deeper stacks default to the running mean (paper, xLarge)
 
 
@@ -30,17 +42,65 @@ class RealFormerBertModel(RobertaModel):
     """BERT-style RealFormer encoder (He et al., 2021) with RoBERTa's heads and interfaces.
 
     ``from_pretrained(dir, checkpoint_file=..., bpe="sentencepiece",
-    sentencepiece_model=...)`` returns fairseq's ``RobertaHubInterface``.
+    sentencepiece_model=...)`` returns fairseq's ``RobertaHubInterface`` (a subclass that
+    lays pairs out as BERT does for models with segment embeddings).
     """
 
     @classmethod
     def hub_models(cls):
         return {}
 
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
+                        bpe=None, **kwargs):
+        """The hub interface of a checkpoint in ``model_name_or_path``.
+
+        ``bpe``: the BPE to encode text with (with its options as keyword arguments,
+        e.g. ``bpe="sentencepiece", sentencepiece_model=...``). Default: the
+        checkpoint's own; a folder with a ``vocab.txt`` (a converted Google checkpoint)
+        gets ``wordpiece`` with that vocabulary.
+        """
+        from fairseq import hub_utils
+
+        vocab = os.path.join(model_name_or_path, "vocab.txt")
+        if bpe is None and os.path.isfile(vocab):
+            bpe = "wordpiece"
+            kwargs.setdefault("wordpiece_vocab", vocab)
+        if bpe is not None:
+            kwargs["bpe"] = bpe
+        x = hub_utils.from_pretrained(
+            model_name_or_path, checkpoint_file, data_name_or_path, archive_map=cls.hub_models(),
+            load_checkpoint_heads=True, **kwargs,
+        )
+        return RealFormerBertHubInterface(x["args"], x["task"], x["models"][0])
+
     @staticmethod
     def add_args(parser):
         RobertaModel.add_args(parser)
         residual_config.add_args(parser, available=PATHS)
+        group = parser.add_argument_group("BERT-exact options (Google's TF BERT; off by default)")
+        group.add_argument(
+            "--num-segments", type=int, metavar="N",
+            help="segment (token type) embeddings added to the input, ids derived from the tokens as "
+                 "BERT lays a pair out: 0 up to and including the first </s>, then 1 (<s> A </s> B </s>); "
+                 "padding 0. Default: 0 (none, RoBERTa)",
+        )
+        group.add_argument(
+            "--position-offset", type=int, metavar="K",
+            help="learned positions by index, token t at row t + K, padding included, and padded "
+                 "positions keep their embeddings (BERT: 0). Default: fairseq's (counted over "
+                 "non-padding tokens from padding_idx + 1; padded positions zeroed)",
+        )
+        group.add_argument(
+            "--layer-norm-eps", type=float, metavar="EPS",
+            help="epsilon of every LayerNorm (BERT: 1e-12). Default: 1e-5 (fairseq)",
+        )
+        group.add_argument(
+            "--pooler-init-head", metavar="NAME",
+            help="a classification head that is new when a checkpoint is restored (fine-tuning) "
+                 "starts its dense (pooler) layer from the restored head NAME, as BERT fine-tunes its "
+                 "pre-trained pooler (converted Google checkpoints: next_sentence). Default: none",
+        )
 
     @classmethod
     def build_model(cls, args, task):
@@ -71,12 +131,38 @@ class RealFormerBertModel(RobertaModel):
             residual_config.warn_if_changed(trained_with, self.residual, what=path)
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
+    def upgrade_state_dict_named(self, state_dict, name):
+        """RoBERTa's (drops restored heads the model lacks, keeps new heads' fresh
+        weights); with ``--pooler-init-head NAME``, a new head's dense layer starts from
+        the restored head NAME's, BERT's fine-tuning from the pre-trained pooler."""
+        source = safe_getattr(self.args, "pooler_init_head", None)
+        prefix = name + "." if name != "" else ""
+        heads = prefix + "classification_heads."
+        if source and heads + source + ".dense.weight" in state_dict:
+            for head, module in self.classification_heads.items():
+                fresh = not any(k.startswith(f"{heads}{head}.") for k in state_dict)
+                pooler = {p: state_dict[f"{heads}{source}.dense.{p}"] for p in ("weight", "bias")}
+                if fresh and pooler["weight"].shape == module.dense.weight.shape:
+                    logger.info("classification head %s: dense layer from the restored %s head (--pooler-init-head)",
+                                head, source)
+                    for p, value in module.state_dict().items():  # the new classifier keeps its fresh weights
+                        state_dict[f"{heads}{head}.{p}"] = value
+                    for p, value in pooler.items():
+                        state_dict[f"{heads}{head}.dense.{p}"] = value.clone()
+        super().upgrade_state_dict_named(state_dict, name)
+
 
 class RealFormerBertEncoder(RobertaEncoder):
     """RoBERTa's encoder (embeddings, LM head) around the RealFormer sentence encoder."""
 
+    def __init__(self, args, dictionary):
+        super().__init__(args, dictionary)
+        eps = safe_getattr(args, "layer_norm_eps", None)
+        if eps is not None:
+            set_layer_norm_eps(self, eps)  # the sentence encoder's and the LM head's
+
     def build_encoder(self, args, dictionary, embed_tokens):
-        encoder = RealFormerTransformerEncoder(args, dictionary, embed_tokens)
+        encoder = RealFormerBertSentenceEncoder(args, dictionary, embed_tokens)
         encoder.apply(init_bert_params)
         return encoder
 
@@ -105,8 +191,23 @@ def realformer_bert_architecture(args):
     Learned positions up to 512 as BERT's, whatever ``--tokens-per-sample`` (``roberta``
     sizes its table to ``--tokens-per-sample`` unless ``--max-positions`` is given)."""
     args.max_positions = safe_getattr(args, "max_positions", 512)
+    args.num_segments = safe_getattr(args, "num_segments", 0)
+    args.position_offset = safe_getattr(args, "position_offset", None)
+    args.layer_norm_eps = safe_getattr(args, "layer_norm_eps", None)
+    args.pooler_init_head = safe_getattr(args, "pooler_init_head", None)
     roberta_base_architecture(args)
     _residual_defaults(args)
+
+
+def _google_defaults(args):
+    """What Google's TF BERT computes (the released RealFormer checkpoints): two segment
+    types, positions from 0, LayerNorm epsilon 1e-12, tanh GELU, and new fine-tuning heads
+    starting from the pre-trained pooler (BERT's run_classifier.py)."""
+    args.num_segments = safe_getattr(args, "num_segments", 2)
+    args.position_offset = safe_getattr(args, "position_offset", 0)
+    args.layer_norm_eps = safe_getattr(args, "layer_norm_eps", 1e-12)
+    args.activation_fn = safe_getattr(args, "activation_fn", "gelu_accurate")
+    args.pooler_init_head = safe_getattr(args, "pooler_init_head", GOOGLE_NSP_HEAD)
 
 
 # The paper's Table 1: layers, hidden size, attention heads, FFN (intermediate) size.
@@ -132,3 +233,35 @@ def realformer_bert_large(args):
 def realformer_bert_xlarge(args):
     _dims(args, 36, 1536, 24, 6144)
     realformer_bert_architecture(args)
+
+
+# Google's released RealFormer BERT checkpoints (scripts/convert_google_checkpoint.py):
+# the Table 1 sizes with BERT's exact layout and numerics.
+@register_model_architecture("realformer_bert", "realformer_bert_google")
+def realformer_bert_google(args):
+    _google_defaults(args)
+    realformer_bert_architecture(args)
+
+
+@register_model_architecture("realformer_bert", "realformer_bert_google_small")
+def realformer_bert_google_small(args):
+    _dims(args, 4, 512, 8, 2048)
+    realformer_bert_google(args)
+
+
+@register_model_architecture("realformer_bert", "realformer_bert_google_base")
+def realformer_bert_google_base(args):
+    _dims(args, 12, 768, 12, 3072)
+    realformer_bert_google(args)
+
+
+@register_model_architecture("realformer_bert", "realformer_bert_google_large")
+def realformer_bert_google_large(args):
+    _dims(args, 24, 1024, 16, 4096)
+    realformer_bert_google(args)
+
+
+@register_model_architecture("realformer_bert", "realformer_bert_google_xlarge")
+def realformer_bert_google_xlarge(args):
+    _dims(args, 36, 1536, 24, 6144)
+    realformer_bert_google(args)

@@ -20,6 +20,8 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
     # The paths the whole model may put on residual attention, validated here so that
     # one clear error comes before anything is built (encoder-only models: "encoder").
     RESIDUAL_PATHS = residual_config.PATHS
+    # fairseq zeroes the embeddings of padding positions (BERT does not; see realformer_bert)
+    zero_padding_embeddings = True
 
     def __init__(self, cfg, dictionary, embed_tokens):
         cfg = TransformerConfig.from_namespace(cfg)
@@ -52,8 +54,9 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
         has_pads = encoder_padding_mask.any()
 
         x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
-        # zero the embeddings of padding positions, as fairseq does
-        x = x * (1 - encoder_padding_mask.unsqueeze(-1).type_as(x) * has_pads.type_as(x))
+        if self.zero_padding_embeddings:
+            # zero the embeddings of padding positions, as fairseq does
+            x = x * (1 - encoder_padding_mask.unsqueeze(-1).type_as(x) * has_pads.type_as(x))
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
 
         encoder_states = [x] if return_all_hiddens else []

@@ -1,0 +1,521 @@
+"""Google's released RealFormer BERT checkpoints -> a fairseq ``realformer_bert`` checkpoint.
+
+The authors of RealFormer released BERT-Small/Base/Large/xLarge pre-trained with the
+official code (google-research ``realformer/realformer.py``) as TF1 checkpoints in zips:
+``bert_config.json``, a WordPiece ``vocab.txt`` and ``*.index`` / ``*.data-*`` files.
+``convert`` reads them with :mod:`tf_checkpoint` (no TensorFlow) and writes a folder that
+``RealFormerBertModel.from_pretrained`` and ``fairseq-train --restore-file`` take:
+
+* ``model.pt``: arch ``realformer_bert_google`` with the sizes, dropout and
+  ``use_running_mean`` of ``bert_config.json`` and BERT's numerics (segment embeddings,
+  positions from 0, LayerNorm epsilon 1e-12, ``gelu_accurate``), task ``masked_lm``;
+* ``dict.txt``: the WordPiece vocabulary in its own order, with BERT's specials on
+  fairseq's: ``[CLS]`` -> ``<s>`` (id 0), ``[PAD]`` -> ``<pad>`` (1), ``[SEP]`` -> ``</s>``
+  (2), ``[UNK]`` -> ``<unk>`` (3) (fairseq's ``Dictionary`` puts these four first), and
+  ``[MASK]`` written as ``<mask>`` in its place; specials are found by their strings;
+* ``vocab.txt`` (for ``--bpe wordpiece``, or fairseq's ``--bpe bert``), ``bert_config.json``
+  and ``conversion.json`` (what was converted, skipped, and the fairseq flags).
+
+Variables: the 2-D kernels are ``[in, out]`` (a ``Linear`` weight is the transpose); the
+official graph only reshapes query/key/value and the attention output to per-head 3-D form,
+with head h the h-th block of ``head_dim`` columns (rows for the output), which is
+fairseq's layout too. Word embeddings and the MLM output bias are permuted to the
+dictionary's order. BERT's pooler + next-sentence classifier become the classification
+head ``next_sentence`` (the ``masked_lm_nsp`` task's) with its two classes swapped to that
+task's convention (1 = is next; BERT's 0). BERT's MLM transform + tied decoder + bias
+become RoBERTa's LM head. Optimizer slots (``*/adam_m``, ``*/adam_v``) and
+``global_step`` are skipped and counted; any other variable the model has no place for,
+and any variable it needs that is missing, is an error naming them.
+"""
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import zipfile
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ...errors import CheckpointFileError, ConfigError
+from .model import GOOGLE_NSP_HEAD
+from .tf_checkpoint import TFCheckpoint, TFCheckpointError
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "bert_config.json"
+VOCAB_FILE = "vocab.txt"
+# BERT's specials on fairseq's, in fairseq's order (Dictionary: <s>, <pad>, </s>, <unk> = 0..3)
+SPECIALS = (("[CLS]", "<s>"), ("[PAD]", "<pad>"), ("[SEP]", "</s>"), ("[UNK]", "<unk>"))
+MASK = ("[MASK]", "<mask>")
+OPTIMIZER_SLOTS = ("/adam_m", "/adam_v")
+BOOKKEEPING = ("global_step",)
+# BertConfig's defaults (realformer.py) for keys a bert_config.json leaves out
+CONFIG_DEFAULTS = dict(
+    hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
+    hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=512, type_vocab_size=16,
+    initializer_range=0.02, use_running_mean=False,
+)
+ACTIVATIONS = {"gelu": "gelu_accurate", "relu": "relu", "tanh": "tanh"}  # BERT's gelu is the tanh form
+LAYER_NORM_EPS = 1e-12  # tf_slim.layers.layer_norm
+TABLE1 = {(4, 512, 8, 2048): "small", (12, 768, 12, 3072): "base", (24, 1024, 16, 4096): "large",
+          (36, 1536, 24, 6144): "xlarge"}
+
+
+class GoogleCheckpoint(NamedTuple):
+    config: dict  # bert_config.json with BertConfig's defaults filled in
+    vocab: List[str]
+    variables: Dict[str, np.ndarray]  # the model's variables, by TF name
+    skipped: Dict[str, int]  # what was left out: optimizer slots, bookkeeping, --ignore-variables
+    heads: Dict[str, bool]  # mlm / nsp: present in the checkpoint
+    name: str  # the checkpoint's file name prefix
+
+
+# --------------------------------------------------------------------------------------
+# the variables a checkpoint must (or may) have
+# --------------------------------------------------------------------------------------
+
+
+def model_variables(config: dict) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+    """TF name -> (group, shape) for every variable of ``BertModel`` (groups ``encoder``,
+    ``pooler``) and of BERT's pre-training heads (``mlm``, ``nsp``)."""
+    h, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    out: Dict[str, Tuple[str, Tuple[int, ...]]] = {}
+
+    def dense(group, prefix, n_in, n_out):
+        out[prefix + "/kernel"] = (group, (n_in, n_out))
+        out[prefix + "/bias"] = (group, (n_out,))
+
+    def norm(group, prefix):
+        out[prefix + "/gamma"] = (group, (h,))
+        out[prefix + "/beta"] = (group, (h,))
+
+    out["bert/embeddings/word_embeddings"] = ("encoder", (v, h))
+    out["bert/embeddings/token_type_embeddings"] = ("encoder", (config["type_vocab_size"], h))
+    out["bert/embeddings/position_embeddings"] = ("encoder", (config["max_position_embeddings"], h))
+    norm("encoder", "bert/embeddings/LayerNorm")
+    for i in range(config["num_hidden_layers"]):
+        p = f"bert/encoder/layer_{i}"
+        for proj in ("query", "key", "value"):
+            dense("encoder", f"{p}/attention/self/{proj}", h, h)
+        dense("encoder", f"{p}/attention/output/dense", h, h)
+        norm("encoder", f"{p}/attention/output/LayerNorm")
+        dense("encoder", f"{p}/intermediate/dense", h, f)
+        dense("encoder", f"{p}/output/dense", f, h)
+        norm("encoder", f"{p}/output/LayerNorm")
+    dense("pooler", "bert/pooler/dense", h, h)
+    dense("mlm", "cls/predictions/transform/dense", h, h)
+    norm("mlm", "cls/predictions/transform/LayerNorm")
+    out["cls/predictions/output_bias"] = ("mlm", (v,))
+    out["cls/seq_relationship/output_weights"] = ("nsp", (2, h))
+    out["cls/seq_relationship/output_bias"] = ("nsp", (2,))
+    return out
+
+
+def _names(names: List[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+# --------------------------------------------------------------------------------------
+# reading: a zip, a folder or an .index file
+# --------------------------------------------------------------------------------------
+
+
+def _is_needed(name: str) -> bool:
+    base = os.path.basename(name)
+    return base in (CONFIG_FILE, VOCAB_FILE) or base.endswith(".index") or ".data-" in base
+
+
+def _extract(zip_path: str, dest: str):
+    """The config, vocabulary and checkpoint files of a zip (never outside ``dest``)."""
+    try:
+        with zipfile.ZipFile(zip_path) as z:
+            for info in z.infolist():
+                name = os.path.normpath(info.filename)
+                if info.is_dir() or not _is_needed(name):
+                    continue
+                if os.path.isabs(name) or name.startswith(".."):
+                    raise CheckpointFileError(f"{zip_path}: unsafe member path {info.filename!r}")
+                target = os.path.join(dest, name)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                logger.info("extracting %s (%.1f MB)", info.filename, info.file_size / 1e6)
+                with z.open(info) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 22)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile) as e:
+        raise CheckpointFileError(f"{zip_path} is not a readable zip file ({e})") from None
+    except OSError as e:  # includes zipfile's CRC-32 check of every member
+        raise CheckpointFileError(f"cannot extract {zip_path}: {e}") from None
+
+
+def _find_files(root: str, checkpoint: Optional[str], source: str) -> Tuple[str, str, str]:
+    """``(bert_config.json, vocab.txt, checkpoint prefix)`` under ``root``."""
+    found: Dict[str, List[str]] = {"config": [], "vocab": [], "index": []}
+    for folder, _, files in os.walk(root):
+        for f in files:
+            path = os.path.join(folder, f)
+            if f == CONFIG_FILE:
+                found["config"].append(path)
+            elif f == VOCAB_FILE:
+                found["vocab"].append(path)
+            elif f.endswith(".index"):
+                found["index"].append(path[: -len(".index")])
+    if checkpoint is not None:
+        found["index"] = [p for p in found["index"] if os.path.basename(p) == checkpoint]
+        if not found["index"]:
+            raise CheckpointFileError(f"{source} has no checkpoint {checkpoint}.index (--checkpoint)")
+    kinds = (("config", CONFIG_FILE, f"{CONFIG_FILE} files"), ("vocab", VOCAB_FILE, f"{VOCAB_FILE} files"),
+             ("index", "checkpoint (*.index)", "checkpoints (*.index)"))
+    for key, one, several in kinds:
+        paths = found[key]
+        if not paths:
+            raise CheckpointFileError(f"{source} has no {one}: not a released RealFormer/BERT checkpoint")
+        if len(paths) > 1:
+            names = sorted(os.path.relpath(p, root) for p in paths)
+            hint = " (choose one with --checkpoint NAME)" if key == "index" else ""
+            raise CheckpointFileError(f"{source} has several {several}: {', '.join(names)}{hint}")
+    return found["config"][0], found["vocab"][0], found["index"][0]
+
+
+def read_config(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointFileError(f"cannot read {path}: {e}") from None
+    if not isinstance(raw, dict) or "vocab_size" not in raw:
+        raise CheckpointFileError(f"{path} is not a BERT config (no vocab_size)")
+    config = {**CONFIG_DEFAULTS, **raw}
+    if config["hidden_act"] not in ACTIVATIONS:
+        raise ConfigError(f"{path}: hidden_act {config['hidden_act']!r} is not one of {', '.join(ACTIVATIONS)}")
+    if config["hidden_size"] % config["num_attention_heads"]:
+        raise ConfigError(f"{path}: hidden_size {config['hidden_size']} is not a multiple of "
+                          f"num_attention_heads {config['num_attention_heads']}")
+    unknown = sorted(set(raw) - set(CONFIG_DEFAULTS) - {"vocab_size"})
+    if unknown:
+        logger.warning("%s: ignoring keys the official BertConfig does not use: %s", path, ", ".join(unknown))
+    return config
+
+
+def read_vocab(path: str) -> List[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            vocab = [line.rstrip("\n").rstrip("\r") for line in f]
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointFileError(f"cannot read {path}: {e}") from None
+    while vocab and vocab[-1] == "":
+        vocab.pop()
+    return vocab
+
+
+def read_google_checkpoint(
+    source: str, workdir: Optional[str] = None, checkpoint: Optional[str] = None,
+    ignore: Optional[str] = None, verify: bool = True,
+) -> GoogleCheckpoint:
+    """Read a released zip, a folder (e.g. the unzipped one) or a checkpoint's ``.index``.
+
+    ``workdir``: where a zip is extracted (required for zips). ``checkpoint``: the file
+    name prefix when there are several. ``ignore``: a regex of further variable names to
+    skip. ``verify``: check every tensor's CRC32C.
+    """
+    source = os.fspath(source)
+    if os.path.isfile(source) and zipfile.is_zipfile(source):
+        if workdir is None:
+            raise ValueError("a workdir is needed to extract a zip")
+        _extract(source, workdir)
+        root = workdir
+    elif os.path.isfile(source) and source.endswith(".index"):
+        root, checkpoint = os.path.dirname(os.path.abspath(source)), os.path.basename(source)[: -len(".index")]
+    elif os.path.isdir(source):
+        root = source
+    else:
+        raise CheckpointFileError(f"{source}: no such zip, folder or .index file")
+    config_path, vocab_path, prefix = _find_files(root, checkpoint, source)
+    config, vocab = read_config(config_path), read_vocab(vocab_path)
+    if len(vocab) != config["vocab_size"]:
+        raise ConfigError(f"{vocab_path} has {len(vocab)} tokens but {config_path} says "
+                          f"vocab_size {config['vocab_size']}")
+    try:
+        tf = TFCheckpoint(prefix)
+        logger.info("checkpoint %s: %d variables", os.path.basename(prefix), len(tf.entries))
+        expected = model_variables(config)
+        skipped = {"optimizer slots": 0, "bookkeeping": 0, "--ignore-variables": 0}
+        ignore_re = re.compile(ignore) if ignore else None
+        present = []
+        for name in tf.names():
+            if name.endswith(OPTIMIZER_SLOTS):
+                skipped["optimizer slots"] += 1
+            elif name in BOOKKEEPING or name == "_CHECKPOINTABLE_OBJECT_GRAPH":
+                skipped["bookkeeping"] += 1
+            elif ignore_re is not None and ignore_re.search(name):
+                skipped["--ignore-variables"] += 1
+            else:
+                present.append(name)
+        unknown = [n for n in present if n not in expected]
+        if unknown:
+            raise CheckpointFileError(
+                f"{os.path.basename(prefix)}: unknown variables {_names(unknown)}: not a RealFormer/BERT "
+                "pre-training checkpoint of this bert_config.json (skip them with --ignore-variables REGEX)"
+            )
+        groups = ("encoder", "pooler", "mlm", "nsp")
+        have = {g: [n for n, (gg, _) in expected.items() if gg == g and n in tf] for g in groups}
+        need = {g: [n for n, (gg, _) in expected.items() if gg == g and n not in tf] for g in groups}
+        # the encoder is required; a head is all or nothing, and the NSP classifier needs the pooler
+        wanted = {"encoder": True, "mlm": bool(have["mlm"]), "nsp": bool(have["nsp"])}
+        wanted["pooler"] = wanted["nsp"]
+        missing = [n for g in groups if wanted[g] or have[g] for n in need[g]]
+        if missing:
+            raise CheckpointFileError(f"{os.path.basename(prefix)}: missing variables {_names(missing)}")
+        wrong = [f"{n} {list(tf.entry(n).shape)} (expected {list(shape)})" for n, (_, shape) in expected.items()
+                 if n in tf and tf.entry(n).shape != shape]
+        if wrong:
+            raise CheckpointFileError(
+                f"{os.path.basename(prefix)}: shapes differ from {CONFIG_FILE}: {_names(wrong, 4)}")
+        if have["pooler"] and not have["nsp"]:
+            logger.warning("bert/pooler has no next-sentence classifier (cls/seq_relationship) beside it: "
+                           "not converted")
+        heads = {"mlm": wanted["mlm"], "nsp": wanted["nsp"]}
+        keep = [n for n in present if wanted[expected[n][0]]]
+        variables = {}
+        for name in keep:
+            variables[name] = tf.read(name, verify=verify)
+    except TFCheckpointError as e:
+        raise CheckpointFileError(str(e)) from None
+    logger.info("read %d model variables; skipped %s", len(variables),
+                ", ".join(f"{n} {k}" for k, n in skipped.items() if n) or "nothing")
+    return GoogleCheckpoint(config, vocab, variables, skipped, heads, os.path.basename(prefix))
+
+
+# --------------------------------------------------------------------------------------
+# mapping onto fairseq
+# --------------------------------------------------------------------------------------
+
+
+def fairseq_vocabulary(vocab: List[str]) -> Tuple[List[str], List[int]]:
+    """``(dict.txt symbols, order)``: fairseq id ``j`` is WordPiece id ``order[j]``.
+
+    fairseq's ``Dictionary`` starts with ``<s> <pad> </s> <unk>``; dict.txt lists the rest
+    of the vocabulary in its own order, ``[MASK]`` as ``<mask>`` (so that the masked-LM
+    tasks find it there instead of appending one)."""
+    index = {}
+    for i, token in enumerate(vocab):
+        if not token or any(c.isspace() for c in token):
+            raise ConfigError(f"{VOCAB_FILE} line {i + 1}: {token!r} is empty or holds whitespace")
+        if token in index:
+            raise ConfigError(f"{VOCAB_FILE} lists {token!r} twice (lines {index[token] + 1} and {i + 1})")
+        index[token] = i
+    fairseq_names = [f for _, f in SPECIALS] + [MASK[1]]
+    clash = [t for t in fairseq_names if t in index]
+    if clash:
+        raise ConfigError(f"{VOCAB_FILE} holds fairseq's special symbols {', '.join(clash)} as ordinary tokens")
+    missing = [b for b, _ in SPECIALS + (MASK,) if b not in index]
+    if missing:
+        raise ConfigError(f"{VOCAB_FILE} has no {', '.join(missing)}: BERT's special tokens are needed")
+    specials = [index[b] for b, _ in SPECIALS]
+    rest = [i for i in range(len(vocab)) if i not in set(specials)]
+    symbols = [MASK[1] if vocab[i] == MASK[0] else vocab[i] for i in rest]
+    return symbols, specials + rest
+
+
+def fairseq_flags(config: dict) -> List[str]:
+    """The fairseq model flags that compute what ``bert_config.json`` describes."""
+    return [
+        "--arch", "realformer_bert_google",
+        "--encoder-layers", str(config["num_hidden_layers"]),
+        "--encoder-embed-dim", str(config["hidden_size"]),
+        "--encoder-attention-heads", str(config["num_attention_heads"]),
+        "--encoder-ffn-embed-dim", str(config["intermediate_size"]),
+        "--max-positions", str(config["max_position_embeddings"]),
+        "--num-segments", str(config["type_vocab_size"]),
+        "--position-offset", "0",
+        "--layer-norm-eps", repr(LAYER_NORM_EPS),
+        "--activation-fn", ACTIVATIONS[config["hidden_act"]],
+        "--dropout", repr(float(config["hidden_dropout_prob"])),
+        "--attention-dropout", repr(float(config["attention_probs_dropout_prob"])),
+        "--residual-attention-paths", "encoder",
+        "--residual-attention-mode", "mean" if config["use_running_mean"] else "sum",
+    ]
+
+
+def finetune_arch_flags(config: dict) -> List[str]:
+    """The shortest fairseq-train flags for the same model: a ``realformer_bert_google_*``
+    arch when the sizes are one of Table 1's, plus what differs from its defaults."""
+    flags = fairseq_flags(config)
+    value = dict(zip(flags[::2], flags[1::2]))
+    size = TABLE1.get((config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
+                       config["intermediate_size"]))
+    out = ["--arch", f"realformer_bert_google_{size}"] if size else flags[:10]
+    defaults = {"--max-positions": "512", "--num-segments": "2", "--activation-fn": "gelu_accurate",
+                "--dropout": "0.1", "--attention-dropout": "0.1"}
+    for flag, default in defaults.items():
+        if value[flag] != default:
+            out += [flag, value[flag]]
+    return out + ["--residual-attention-mode", value["--residual-attention-mode"]]
+
+
+def fairseq_state(ckpt: GoogleCheckpoint, order: List[int]) -> Dict[str, torch.Tensor]:
+    """The converted weights under fairseq's parameter names."""
+    v = ckpt.variables
+    state: Dict[str, torch.Tensor] = {}
+
+    def put(name, array):
+        state[name] = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+
+    def linear(fs, tf_prefix):
+        put(fs + ".weight", v[tf_prefix + "/kernel"].T)  # TF kernels are [in, out]
+        put(fs + ".bias", v[tf_prefix + "/bias"])
+
+    def norm(fs, tf_prefix):
+        put(fs + ".weight", v[tf_prefix + "/gamma"])
+        put(fs + ".bias", v[tf_prefix + "/beta"])
+
+    e = "encoder.sentence_encoder."
+    words = v["bert/embeddings/word_embeddings"][order]
+    put(e + "embed_tokens.weight", words)
+    put(e + "embed_positions.weight", v["bert/embeddings/position_embeddings"])
+    put(e + "segment_embeddings.weight", v["bert/embeddings/token_type_embeddings"])
+    norm(e + "layernorm_embedding", "bert/embeddings/LayerNorm")
+    for i in range(ckpt.config["num_hidden_layers"]):
+        fs, tf = f"{e}layers.{i}.", f"bert/encoder/layer_{i}/"
+        for proj, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
+            linear(fs + "self_attn." + proj, tf + "attention/self/" + name)
+        linear(fs + "self_attn.out_proj", tf + "attention/output/dense")
+        norm(fs + "self_attn_layer_norm", tf + "attention/output/LayerNorm")
+        linear(fs + "fc1", tf + "intermediate/dense")
+        linear(fs + "fc2", tf + "output/dense")
+        norm(fs + "final_layer_norm", tf + "output/LayerNorm")
+    if ckpt.heads["mlm"]:
+        linear("encoder.lm_head.dense", "cls/predictions/transform/dense")
+        norm("encoder.lm_head.layer_norm", "cls/predictions/transform/LayerNorm")
+        put("encoder.lm_head.weight", words)  # tied to the word embeddings, as in BERT
+        put("encoder.lm_head.bias", v["cls/predictions/output_bias"][order])
+    if ckpt.heads["nsp"]:
+        head = f"classification_heads.{GOOGLE_NSP_HEAD}."
+        linear(head + "dense", "bert/pooler/dense")
+        # BERT: class 0 = is next; masked_lm_nsp (nsp_target): class 1 = is next
+        put(head + "out_proj.weight", v["cls/seq_relationship/output_weights"][::-1])
+        put(head + "out_proj.bias", v["cls/seq_relationship/output_bias"][::-1])
+    return state
+
+
+def _build_model(out_dir: str, flags: List[str], nsp: bool):
+    """The fairseq model and config that ``fairseq-train`` would build from ``flags`` on
+    the data dir ``out_dir`` (its dict.txt), task ``masked_lm``."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser(default_task="masked_lm")
+    max_positions = flags[flags.index("--max-positions") + 1]
+    args = options.parse_args_and_arch(parser, [out_dir, "--task", "masked_lm", "--criterion", "masked_lm",
+                                                "--tokens-per-sample", max_positions, *flags])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    if nsp:
+        model.register_classification_head(GOOGLE_NSP_HEAD, num_classes=2)
+    return cfg, task, model
+
+
+def _write(path: str, write):
+    """``write(tmp_path)``, then move it into place (never a half-written file)."""
+    tmp = path + ".tmp"
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _write_text(path: str, text: str):
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+    _write(path, write)
+
+
+def convert(source: str, out_dir: str, checkpoint: Optional[str] = None, ignore: Optional[str] = None,
+            verify: bool = True) -> dict:
+    """Convert ``source`` (zip, folder or ``.index``; see ``read_google_checkpoint``) into
+    ``out_dir``; returns the summary also written to ``out_dir/conversion.json``.
+    Re-running overwrites. A zip is extracted to a temporary folder (``$TMPDIR``)."""
+    with tempfile.TemporaryDirectory(prefix="google_ckpt_") as workdir:
+        ckpt = read_google_checkpoint(source, workdir=workdir, checkpoint=checkpoint, ignore=ignore, verify=verify)
+    summary = write_fairseq_checkpoint(ckpt, out_dir)
+    summary.update(source=os.path.basename(os.path.normpath(source)), checksums_verified=verify)
+    _write_text(os.path.join(out_dir, "conversion.json"), json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def write_fairseq_checkpoint(ckpt: GoogleCheckpoint, out_dir: str) -> dict:
+    """Write ``out_dir``'s files (model.pt, dict.txt, vocab.txt, bert_config.json,
+    conversion.json) for a checkpoint already read; returns the summary. Empties
+    ``ckpt.variables`` on the way (one copy of a large model in memory at a time)."""
+    from omegaconf import OmegaConf
+
+    from ...data.wordpiece import is_uncased
+
+    os.makedirs(out_dir, exist_ok=True)
+    symbols, order = fairseq_vocabulary(ckpt.vocab)
+    _write_text(os.path.join(out_dir, "dict.txt"), "".join(f"{s} 1\n" for s in symbols))
+    _write_text(os.path.join(out_dir, VOCAB_FILE), "\n".join(ckpt.vocab) + "\n")
+    _write_text(os.path.join(out_dir, CONFIG_FILE), json.dumps(ckpt.config, indent=2, sort_keys=True) + "\n")
+
+    flags = fairseq_flags(ckpt.config)
+    cfg, task, model = _build_model(out_dir, flags, ckpt.heads["nsp"])
+    if len(task.source_dictionary) != len(ckpt.vocab):
+        raise ConfigError(f"the fairseq dictionary has {len(task.source_dictionary)} symbols, "
+                          f"the vocabulary {len(ckpt.vocab)}")
+    state = model.state_dict()
+    converted = fairseq_state(ckpt, order)
+    n_variables = len(ckpt.variables)
+    ckpt.variables.clear()
+    parameters = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    fresh = sorted(parameters - set(converted))  # buffers (fairseq's "version") keep their values
+    if not ckpt.heads["mlm"]:
+        logger.warning("no masked-LM head (cls/predictions) in the checkpoint: the LM head is freshly "
+                       "initialised (fill_mask is meaningless until it is trained)")
+    extra = sorted(set(converted) - set(state))
+    unexpected_fresh = [k for k in fresh if not k.startswith("encoder.lm_head.")]
+    if extra or unexpected_fresh:  # a mapping bug, not a user error
+        raise RuntimeError(f"conversion does not cover the model: extra {extra}, not converted {unexpected_fresh}")
+    for name, value in converted.items():
+        if tuple(value.shape) != tuple(state[name].shape):
+            raise RuntimeError(f"{name}: converted {tuple(value.shape)}, model {tuple(state[name].shape)}")
+    model.load_state_dict({**state, **converted}, strict=True, model_cfg=cfg.model)
+    del state, converted
+
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    config["task"]["data"] = config["model"].data = "."  # the checkpoint's own folder (hub_utils resolves it)
+    config["common"]["user_dir"] = None
+    payload = {
+        "args": None,
+        "cfg": config,
+        "model": model.state_dict(),
+        "criterion": None,
+        "optimizer_history": [{"criterion_name": "MaskedLmLoss", "optimizer_name": "none",
+                               "lr_scheduler_state": {}, "num_updates": 0}],
+        "task_state": {},
+        "extra_state": {"train_iterator": {"epoch": 1, "iterations_in_epoch": 0}},
+        "last_optimizer_state": None,
+    }
+    _write(os.path.join(out_dir, "model.pt"), lambda p: torch.save(payload, p))
+
+    d = task.source_dictionary
+    summary = {
+        "checkpoint": ckpt.name,
+        "model_variables": n_variables,
+        "skipped": ckpt.skipped,
+        "heads": {"masked_lm": ckpt.heads["mlm"], GOOGLE_NSP_HEAD: ckpt.heads["nsp"]},
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(ckpt.vocab),
+        "lowercase": is_uncased(ckpt.vocab),
+        "special_tokens": {b: {"fairseq": f, "fairseq_id": d.index(f), "wordpiece_id": ckpt.vocab.index(b)}
+                           for b, f in SPECIALS + (MASK,)},
+        "residual_attention_mode": "mean" if ckpt.config["use_running_mean"] else "sum",
+        "fairseq_flags": flags,
+        "finetune_flags": finetune_arch_flags(ckpt.config),
+    }
+    _write_text(os.path.join(out_dir, "conversion.json"), json.dumps(summary, indent=2) + "\n")
+    logger.info("wrote %s: model.pt (%d parameters), dict.txt, vocab.txt, %s, conversion.json",
+                out_dir, summary["parameters"], CONFIG_FILE)
+    return summary
