@@ -240,17 +240,19 @@ def test_prepared_wikitext2_documents_and_splits(tmp_path_factory):
 # --------------------------------------------------------------------------------------
 
 def _synthetic_lines(seed=0, docs=12):
-    """Lines whose tokens are their position in the flat stream (+100), so where a
-    token came from can be read off it; EOS-only lines (token 2) separate documents."""
+    """Lines as fairseq binarizes them (text, then EOS = 2) whose text tokens are their
+    position in the flat stream of text (+100), so where a token came from can be read
+    off it; EOS-only lines (empty lines of the raw text) separate documents. Returns
+    (lines, sizes with EOS, token -> document)."""
     rng = random.Random(seed)
-    sizes = []
+    text_sizes = []
     for d in range(docs):
         if d:
-            sizes.append(1)
-        sizes += [rng.choice([2, 3, 5, 8, 13, 30]) for _ in range(rng.randint(1, 9))]
+            text_sizes.append(0)
+        text_sizes += [rng.choice([1, 2, 4, 7, 12, 29]) for _ in range(rng.randint(1, 9))]
     lines, pos = [], 0
-    for size in sizes:
-        lines.append(torch.full((1,), 2) if size == 1 else torch.arange(pos, pos + size) + 100)
+    for size in text_sizes:
+        lines.append(torch.cat([torch.arange(pos, pos + size) + 100, torch.tensor([2])]))
         pos += size
     doc_of = {}  # token -> document, from the line layout
     doc = 0
@@ -258,17 +260,18 @@ def _synthetic_lines(seed=0, docs=12):
         if len(line) == 1:
             doc += 1
             continue
-        for t in line.tolist():
+        for t in line[:-1].tolist():
             doc_of[t] = doc
-    return lines, np.array(sizes), doc_of
+    return lines, np.array(text_sizes) + 1, doc_of
 
 
 def test_segments_cover_each_document_once_within_the_size():
     lines, sizes, doc_of = _synthetic_lines()
+    sizes = sizes - 1  # build_segments counts text tokens
     segments, segment_doc = build_segments(sizes, 10)
-    tokens = torch.cat(lines)
+    tokens = torch.cat([line[:-1] for line in lines])
     covered = torch.cat([tokens[a:b] for a, b in segments]).tolist()
-    assert covered == [t for t in tokens.tolist() if t != 2]  # every token once, in order
+    assert covered == tokens.tolist()  # every text token once, in order
     assert all(0 < b - a <= 10 for a, b in segments)
     line_starts = set(np.concatenate([[0], np.cumsum(sizes)]).tolist())
     for (a, b), doc in zip(segments, segment_doc):

@@ -16,6 +16,7 @@ plugin loaded get them too.
 | data_dir_checks             | tracebacks instead of one line for a bad data dir            |
 | cpu_bf16                    | --bf16 is TPU-only (bf16 on CPU); --fp16 on CPU dies late    |
 | numpy2_compat               | numpy 2 removals: eos token blocks, --num-batch-buckets      |
+| epoch_workers               | --num-workers >= 1: masks/pairs drawn once, not per epoch    |
 """
 
 from . import (
@@ -23,6 +24,7 @@ from . import (
     batch_thread_exit,
     cpu_bf16,
     data_dir_checks,
+    epoch_workers,
     interactive_utf8,
     keep_last_batch,
     numpy2_compat,
@@ -38,6 +40,7 @@ PATCHES = (
     data_dir_checks,
     cpu_bf16,
     numpy2_compat,
+    epoch_workers,
 )
 
 

@@ -4,7 +4,10 @@ fairseq's ``masked_lm`` task (dictionary, ``<mask>``, hub interface, inference) 
 sentence-pair samples instead of token blocks: ``<s> A </s> B </s>``, B the true next
 segment of A's document half of the time, else a segment of another document
 (``next_sentence_pairs``), then BERT's 80/10/10 masking by fairseq's
-``MaskTokensDataset`` on the tokens of A and B. Batches carry ``nsp_target``
+``MaskTokensDataset`` on the tokens of A and B: the text of the lines (their own ``</s>``
+is not in a segment); ``<s>`` and the two ``</s>`` separators are never masked. Pairs and
+masks are redrawn every epoch, with or without ``--num-workers`` (see
+``fairseq_patches.epoch_workers``). Batches carry ``nsp_target``
 (1 = is next); the model gets a two-class classification head named
 ``next_sentence`` (use ``--criterion masked_lm_nsp``).
 
@@ -116,7 +119,7 @@ class MaskedLMNextSentenceTask(MaskedLMTask):
             raise DataError(f"{split_path}.bin/.idx not found (--task masked_lm_nsp, split {split})")
         pairs = NextSentencePairsDataset(
             lines, lines.sizes, self.cfg.tokens_per_sample, seed=self.cfg.seed,
-            next_prob=self.cfg.next_sentence_prob, split=split,
+            next_prob=self.cfg.next_sentence_prob, split=split, eos=self.source_dictionary.eos(),
         )
         d = self.source_dictionary
         mask = dict(

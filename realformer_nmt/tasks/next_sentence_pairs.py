@@ -1,12 +1,13 @@
 """BERT's sentence pairs for next-sentence prediction, on fairseq's line datasets.
 
 The input is a fairseq indexed dataset of lines (sentences or paragraphs, each ending
-with EOS) in which an EOS-only line (an empty line of the raw text) separates documents,
-as ``scripts/prepare_pretraining_data.py`` writes it.
+with EOS, as fairseq's binarizer writes them) in which an EOS-only line (an empty line of
+the raw text) separates documents, as ``scripts/prepare_pretraining_data.py`` writes it.
 
 * **Segments** (fixed once): every document is cut into consecutive segments of at most
-  ``segment_size`` tokens; whole lines are packed greedily, a line longer than that is
-  split into near-equal pieces.
+  ``segment_size`` tokens of text: a line's own EOS is not part of it (BERT's segments are
+  sentences' tokens run together, with no separator inside). Whole lines are packed
+  greedily, a line longer than that is split into near-equal pieces.
 * **Pairs** (drawn per epoch and index, from ``seed``): the segments of a document are
   taken two by two, ``(s0, s1), (s2, s3), ...`` (as BERT cuts a chunk into A and B, so an
   epoch reads every token about once). Item ``i`` has ``A`` = the first of its two, and
@@ -15,7 +16,9 @@ as ``scripts/prepare_pretraining_data.py`` writes it.
 * :class:`PairWithSpecialsDataset` lays a pair out as ``<s> A </s> B </s>`` (BERT's
   ``[CLS] A [SEP] B [SEP]``; ``</s>`` is RoBERTa's separator, ``--separator-token 2``),
   at most ``2 * segment_size + 3`` tokens. Masking (fairseq's ``MaskTokensDataset``)
-  is applied to ``A + B`` before the special tokens go in, so they are never masked.
+  is applied to ``A + B`` before the special tokens go in: every token of the text of A
+  and B may be selected for prediction; ``<s>`` and the two ``</s>`` never are, and no
+  other ``</s>`` is in a pair.
 """
 
 from functools import lru_cache
@@ -36,13 +39,14 @@ def segment_size_for(tokens_per_sample: int) -> int:
 
 
 def document_spans(sizes):
-    """``[(first_line, end_line)]`` of the documents: runs of lines longer than one
-    token (an EOS-only line is an empty line of the raw text, a separator)."""
+    """``[(first_line, end_line)]`` of the documents: runs of lines with text; ``sizes``
+    are text tokens per line (EOS excluded), so 0 is an empty line of the raw text, a
+    separator."""
     spans, start = [], None
     for i, size in enumerate(sizes):
-        if size > 1 and start is None:
+        if size > 0 and start is None:
             start = i
-        elif size <= 1 and start is not None:
+        elif size <= 0 and start is not None:
             spans.append((start, i))
             start = None
     if start is not None:
@@ -53,8 +57,9 @@ def document_spans(sizes):
 def build_segments(sizes, segment_size):
     """Cut every document into segments of at most ``segment_size`` tokens.
 
-    Returns ``(segments, segment_doc)``: ``segments[k] = (start, end)`` in the flat token
-    stream of the dataset (lines concatenated in order), ``segment_doc[k]`` its document.
+    ``sizes``: text tokens per line (EOS excluded). Returns ``(segments, segment_doc)``:
+    ``segments[k] = (start, end)`` in the flat stream of the lines' text (concatenated in
+    order), ``segment_doc[k]`` its document.
     """
     if segment_size < 1:
         raise DataError("--tokens-per-sample is too small for a sentence pair (need at least 5)")
@@ -91,16 +96,19 @@ class NextSentencePairsDataset(FairseqDataset):
     """Item ``i``: the tokens of ``A + B`` (no special tokens) for pair ``i``.
 
     ``pair(i)`` gives ``(len_a, len_b, is_next)`` of the same draw; both are functions of
-    ``(seed, epoch, i)`` only, so every view of a pair agrees.
+    ``(seed, epoch, i)`` only, so every view of a pair agrees. ``lines`` end with ``eos``
+    (fairseq's binarizer appends it), which is left out of the segments.
     """
 
-    def __init__(self, lines, sizes, tokens_per_sample, seed=1, next_prob=0.5, split="train"):
+    def __init__(self, lines, sizes, tokens_per_sample, seed=1, next_prob=0.5, split="train", eos=2):
         super().__init__()
         self.lines = lines
+        self.eos = eos
+        self.split = split
         self.segment_size = segment_size_for(tokens_per_sample)
         self.seed = seed
         self.next_prob = next_prob
-        sizes = np.asarray(sizes, dtype=np.int64)
+        sizes = np.maximum(np.asarray(sizes, dtype=np.int64) - 1, 0)  # text tokens: the line's EOS left out
         self.offsets = np.concatenate([[0], np.cumsum(sizes)])
         self.segments, self.segment_doc = build_segments(sizes, self.segment_size)
         n_docs = int(self.segment_doc.max()) + 1 if len(self.segment_doc) else 0
@@ -171,13 +179,17 @@ class NextSentencePairsDataset(FairseqDataset):
         return int(end - start)
 
     def _read(self, start, end):
-        """Tokens ``[start, end)`` of the flat stream (they may span several lines)."""
+        """Tokens ``[start, end)`` of the flat stream of text (they may span several lines)."""
         first = int(np.searchsorted(self.offsets, start, side="right")) - 1
         parts, line = [], first
         while self.offsets[line] < end:
+            tokens = self.lines[line]
+            if int(tokens[-1]) != self.eos:
+                raise DataError(f"line {line} of the {self.split} data does not end with </s> (id {self.eos}): "
+                                "binarize pre-training text with scripts/prepare_pretraining_data.py")
             lo = max(start, self.offsets[line]) - self.offsets[line]
             hi = min(end, self.offsets[line + 1]) - self.offsets[line]
-            parts.append(self.lines[line][lo:hi])
+            parts.append(tokens[lo:hi])
             line += 1
         return torch.cat(parts).long()
 
