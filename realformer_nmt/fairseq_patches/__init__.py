@@ -16,12 +16,14 @@ plugin loaded get them too.
 | data_dir_checks             | tracebacks instead of one line for a bad data dir            |
 | cpu_bf16                    | --bf16 is TPU-only (bf16 on CPU); --fp16 on CPU dies late    |
 | numpy2_compat               | numpy 2 removals: eos token blocks, --num-batch-buckets      |
+| cpu_distributed             | CPU ranks: pytorch_ddp dies; --cpu --distributed-world-size  |
 """
 
 from . import (
     atomic_checkpoint_copies,
     batch_thread_exit,
     cpu_bf16,
+    cpu_distributed,
     data_dir_checks,
     interactive_utf8,
     keep_last_batch,
@@ -38,6 +40,7 @@ PATCHES = (
     data_dir_checks,
     cpu_bf16,
     numpy2_compat,
+    cpu_distributed,
 )
 
 
