@@ -138,13 +138,14 @@ def step_status(checks) -> str:
 
 
 class GpuCheck:
-    def __init__(self, out=None, work=None, dry_run=False, jobs=None, force=False, log=None):
+    def __init__(self, out=None, work=None, dry_run=False, jobs=None, force=False, log=None,
+                 kernels=None, precisions=None):
         self.dry_run = dry_run
-        self.out = out or (DRY_RUN_OUT if dry_run else DEFAULT_OUT)
+        self.out = rel(out or (DRY_RUN_OUT if dry_run else DEFAULT_OUT))
         if dry_run and os.path.abspath(self.out) == os.path.abspath(os.path.join(REPO, DEFAULT_OUT)):
             raise ConfigError(f"--dry-run writes CPU results: give it another --out than {DEFAULT_OUT} "
                               "(its kernel_rule.json is what auto reads on CUDA)")
-        self.work = work or os.path.join(self.out if dry_run else "runs", "gpu_check_work" if dry_run else "gpu_check")
+        self.work = rel(work or os.path.join(self.out if dry_run else "runs", "gpu_check_work" if dry_run else "gpu_check"))
         self.sizes = dataclasses.replace(DRY if dry_run else REAL)
         if self.sizes.data is None:
             self.sizes.data = os.path.join(self.work, "toy_en_de")
@@ -153,7 +154,8 @@ class GpuCheck:
         self.jobs = jobs or (4 if not dry_run else 2)
         self._log = log or (lambda m: print(m, file=sys.stderr, flush=True))
         self._lock = threading.Lock()
-        self.kernels = list(KERNELS)
+        self.kernels = list(kernels or KERNELS)
+        self.precisions = list(precisions or PRECISIONS)
         os.makedirs(self.out, exist_ok=True)
         os.makedirs(self.work, exist_ok=True)
 
@@ -358,7 +360,7 @@ class GpuCheck:
     def step_train(self):
         summary = self.ensure_data()
         sentences = summary["counts"]["test"]
-        jobs = [(p, k) for p in PRECISIONS for k in self.kernels]
+        jobs = [(p, k) for p in self.precisions for k in self.kernels]
         with concurrent.futures.ThreadPoolExecutor(self.jobs) as pool:
             checks = list(pool.map(lambda job: self.train_one(*job, sentences), jobs))
         return checks
@@ -425,10 +427,11 @@ class GpuCheck:
         device = ["--device", self.device]
         benchmarks = []
         for dtype in self.sizes.speed_dtypes:
-            cmd = [sys.executable, os.path.join(REPO, "scripts", "benchmark_speed.py"), *device, "--dtype", dtype,
-                   *self.sizes.speed_args, "--json", self.speed_path(dtype)]
+            cmd = [sys.executable, rel(os.path.join(REPO, "scripts", "benchmark_speed.py")), *device,
+                   "--dtype", dtype, *self.sizes.speed_args, "--variants", ",".join(["vanilla"] + self.kernels),
+                   "--json", self.speed_path(dtype)]
             benchmarks.append((f"benchmark_speed {dtype}", cmd, self.speed_path(dtype)))
-        cmd = [sys.executable, os.path.join(REPO, "scripts", "benchmark_kernels.py"), *device, "--dtype", "float16",
+        cmd = [sys.executable, rel(os.path.join(REPO, "scripts", "benchmark_kernels.py")), *device, "--dtype", "float16",
                *self.sizes.kernel_args, "--json", os.path.join(self.work, "kernel_timing_float16.json"),
                "--rule", self.rule_path()]
         benchmarks.append(("benchmark_kernels float16 -> kernel rule", cmd, self.rule_path()))
@@ -440,8 +443,10 @@ class GpuCheck:
                 continue
             log_path = os.path.join(self.work, os.path.basename(result_path).replace(".json", ".log"))
             self.log(f"speed: {name}: {portable(cmd)}")
+            # dry run: toy models, where one thread is fastest on a shared CPU
+            threads = 1 if self.dry_run else os.cpu_count()
             code, lines = fairseq_runs.run_logged(cmd, log_path, label=f"[{name}] ", log=self.log,
-                                                  env=self.env(threads=os.cpu_count()))
+                                                  env=self.env(threads=threads))
             if code != 0:
                 tail = [line for line in lines[-5:] if line.strip()]
                 checks.append(check(name, "failed", f"exit code {code}: {tail[-1] if tail else ''}",
@@ -503,6 +508,12 @@ def _junit_counts(xml_path):
 # ----------------------------------------------------------------------------------
 
 
+def _verdict(met, status=None):
+    if met is None:
+        return f"not measured ({status})" if status else "not measured"
+    return "met" if met else "not met"
+
+
 def _fmt(x, digits=2):
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -522,10 +533,12 @@ def speed_targets(speed: Optional[dict]):
             if r is None:
                 continue
             speed_ratio, mem_ratio = r.get("train_speed_ratio"), r.get("peak_memory_ratio")
-            met = speed_ratio is not None and speed_ratio >= min_speed and mem_ratio is not None and mem_ratio <= max_mem
+            met = None
+            if speed_ratio is not None and mem_ratio is not None:
+                met = speed_ratio >= min_speed and mem_ratio <= max_mem
             row = dict(size=config["size"], length=config["length"], variant=variant, speed_ratio=speed_ratio,
                        memory_ratio=mem_ratio, min_speed=min_speed, max_memory=max_mem, met=met)
-            if best is None or (met and not best["met"]):
+            if best is None or (met and not best["met"]):  # bias unless only auto meets it
                 best = row
         if best:
             rows.append(best)
@@ -542,8 +555,8 @@ def loss_targets(train: Optional[dict]):
         ref = runs.get(("fp32", kernel), {}).get("valid_loss")
         loss = c.get("valid_loss")
         diff = abs(loss - ref) / ref if loss is not None and ref else None
-        rows.append(dict(kernel=kernel, fp16=loss, fp32=ref, relative=diff,
-                         met=diff is not None and diff <= FP16_LOSS_TOLERANCE, status=c["status"]))
+        met = None if diff is None else diff <= FP16_LOSS_TOLERANCE
+        rows.append(dict(kernel=kernel, fp16=loss, fp32=ref, relative=diff, met=met, status=c["status"]))
     return rows
 
 
@@ -558,11 +571,17 @@ def summary_markdown(records, ctx) -> str:
         if r is None:
             lines.append(f"| {step} | not run | - | - | |")
             continue
-        notes = [f"{c['name']}: {c['status']}" + (f" ({c['reason']})" if c.get("reason") else "")
-                 for c in r["checks"] if c["status"] != "passed" or c.get("reason")]
+        counts = {}
+        for c in r["checks"]:
+            counts[c["status"]] = counts.get(c["status"], 0) + 1
+        notes = [", ".join(f"{n} {status}" for status, n in counts.items())] if len(r["checks"]) > 1 else []
+        notes += [f"{c['name']}: {c['reason']}" for c in r["checks"] if c["status"] == "failed"]
+        skipped = sorted({c["reason"] for c in r["checks"] if c["status"] == "skipped"})
+        notes += [f"skipped: {'; '.join(skipped)}"] if skipped else []
+        notes += [c["reason"] for c in r["checks"] if c["status"] == "passed" and c.get("reason")]
         note = "; ".join(notes)
-        if len(note) > 400:
-            note = note[:400] + " ..."
+        if len(note) > 600:
+            note = note[:600] + " ..."
         lines.append(f"| {step} | {r['status']} | {r['seconds']:.0f} | {r['device']} | {note.replace('|', '/')} |")
 
     tests = records.get("tests")
@@ -633,7 +652,7 @@ def summary_markdown(records, ctx) -> str:
         for r in rows:
             lines.append(f"| train >= {r['min_speed']:.2f}x, memory <= {r['max_memory']:.2f}x (fp16) | {r['size']} | "
                          f"{r['length']} | {r['variant']} | {_fmt(r['speed_ratio'])} | {_fmt(r['memory_ratio'])} | "
-                         f"{'met' if r['met'] else 'not met'}{measured} |")
+                         f"{_verdict(r['met'])}{measured} |")
     else:
         lines.append("- speed at T = 128 and 512 in fp16: not measured" + (" (dry run lengths)" if dry else ""))
     rows = loss_targets(train)
@@ -643,7 +662,7 @@ def summary_markdown(records, ctx) -> str:
             diff = "-" if r["relative"] is None else f"{100 * r['relative']:.2f}%"
             lines.append(f"| fp16 loss within 1% of fp32 after {ctx.sizes.train_updates} updates | {r['kernel']} | "
                          f"{_fmt(r['fp16'], 3)} | {_fmt(r['fp32'], 3)} | {diff} | "
-                         f"{'met' if r['met'] else 'not met'}{measured} |")
+                         f"{_verdict(r['met'], r['status'])}{measured} |")
     else:
         lines.append("- fp16 loss within 1% of fp32: not measured" + (" (fp16 needs CUDA)" if dry else ""))
     return "\n".join(lines) + "\n"
@@ -663,6 +682,10 @@ def parse_args(argv=None):
                    help="every step on the CPU at toy sizes (CUDA-only parts reported as skipped)")
     p.add_argument("--force", "--redo", action="store_true", dest="force",
                    help="run the chosen steps again even where their results exist")
+    p.add_argument("--kernels", default=None,
+                   help=f"comma list of kernels the train and speed steps run (default: all: {', '.join(KERNELS)})")
+    p.add_argument("--precisions", default=None,
+                   help=f"comma list of training precisions the train step runs (default: all: {', '.join(PRECISIONS)})")
     p.add_argument("--jobs", type=int, default=None,
                    help="fairseq-train runs at a time in the train step (default: 4 on CUDA, 2 dry)")
     args = p.parse_args(argv)
@@ -673,13 +696,22 @@ def parse_args(argv=None):
     if args.jobs is not None and args.jobs < 1:
         p.error("--jobs must be at least 1")
     args.steps = steps
+    for flag, choices in (("kernels", KERNELS), ("precisions", tuple(PRECISIONS))):
+        value = getattr(args, flag)
+        if value is not None:
+            words = [w.strip() for w in value.split(",") if w.strip()]
+            bad = [w for w in words if w not in choices]
+            if bad or not words:
+                p.error(f"--{flag}: unknown {', '.join(bad) or '(empty)'} (choose from {', '.join(choices)})")
+            setattr(args, flag, words)
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
     try:
-        ctx = GpuCheck(args.out, args.work, args.dry_run, args.jobs, args.force)
+        ctx = GpuCheck(args.out, args.work, args.dry_run, args.jobs, args.force,
+                       kernels=args.kernels, precisions=args.precisions)
         results = ctx.run(args.steps)
     except ConfigError as exc:
         print(f"gpu_check: error: {exc}", file=sys.stderr)
