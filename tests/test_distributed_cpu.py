@@ -104,6 +104,20 @@ def test_cpu_world_size_2_starts_two_ranks_itself(data_bin, tmp_path):
     assert (tmp_path / "checkpoint_last.pt").exists()
 
 
+def test_torchrun_starts_two_cpu_ranks_that_train_together(data_bin, tmp_path):
+    import subprocess
+
+    from conftest import cli_env
+
+    cmd = [BIN / "torchrun", "--nproc-per-node", 2, "--master-port", free_port(), "--no-python",
+           "fairseq-train", data_bin, *COMMON, "--max-update", 4, "--save-dir", tmp_path]
+    env = {**cli_env(), "PATH": f"{BIN}:{cli_env().get('PATH', '')}"}
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert "training on 2 devices" in log and "distributed init (rank 1): env://" in log
+
+
 def test_no_spawn_without_an_init_method_is_refused_with_the_recipe(data_bin, tmp_path):
     proc = run("fairseq-train", data_bin, *COMMON, "--save-dir", tmp_path, "--distributed-world-size", 2,
                "--distributed-no-spawn", check=False)
@@ -124,13 +138,13 @@ def _cfg(**dist_overrides):
 
 
 def test_torchrun_on_cpu_initializes_from_its_environment(monkeypatch):
-    """torchrun sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK; fairseq alone divides
-    by the CUDA device count there."""
+    """torchrun sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK; fairseq alone trains
+    every rank alone there (its default world size counts CUDA devices: 1 on CPU)."""
     for var, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500", WORLD_SIZE="3", RANK="2").items():
         monkeypatch.setenv(var, value)
     seen = []
     wrapper = cpu_distributed.cpu_ranks(lambda cfg, main, **kw: seen.append(cfg.distributed_training))
-    wrapper(_cfg(distributed_world_size=3), main=None)
+    wrapper(_cfg(), main=None)
     (d,) = seen
     assert (d.distributed_init_method, d.distributed_world_size, d.distributed_rank) == ("env://", 3, 2)
     assert d.distributed_no_spawn and d.distributed_backend == "gloo"

@@ -24,14 +24,16 @@ Fixes, each at one seam, no fairseq function copied:
    for a module whose parameters are all on the CPU (what PyTorch asks for a CPU
    module), and fairseq's arguments unchanged otherwise (CUDA: no change at all).
 2. ``call_main`` is wrapped, for runs that train on CPU (``--cpu``, or no CUDA) with
-   ``--distributed-world-size`` above 1 and no ``--distributed-init-method``:
+   no ``--distributed-init-method``:
 
-   * under ``torchrun`` (``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK`` set):
-     ``env://`` with the rank and world size from the environment;
-   * without ``--distributed-no-spawn``: a free local port and ``world size`` processes
-     started by ``torch.multiprocessing.spawn`` running fairseq's own
-     ``distributed_main``, as fairseq does for GPUs;
-   * with ``--distributed-no-spawn`` and nothing else: a
+   * under ``torchrun`` (``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` > 1, ``RANK``
+     set; any ``--distributed-world-size``): ``env://`` with the rank and world size from
+     the environment (fairseq alone trains each rank alone there: its world size counts
+     CUDA devices);
+   * ``--distributed-world-size`` N > 1 without ``--distributed-no-spawn``: a free local
+     port and N processes started by ``torch.multiprocessing.spawn`` running fairseq's
+     own ``distributed_main``, as fairseq does for GPUs;
+   * N > 1 with ``--distributed-no-spawn`` and nothing else: a
      :class:`~realformer_nmt.errors.ConfigError` giving the recipe (:data:`RECIPE`).
 
    On CPU the backend is ``gloo`` (``nccl``, fairseq's default, needs CUDA).
@@ -88,6 +90,11 @@ def _trains_on_cpu(common) -> bool:
     return not common.tpu and (common.cpu or not torch.cuda.is_available())
 
 
+def _under_torchrun() -> bool:
+    """torchrun (or torch.distributed.launch) started this process as one of several ranks."""
+    return all(var in os.environ for var in _LAUNCH_VARS) and int(os.environ["WORLD_SIZE"]) > 1
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,33 +105,31 @@ def cpu_ranks(call_main):
     @functools.wraps(call_main)
     def wrapper(cfg, main, **kwargs):
         dist = cfg.distributed_training
-        if (
-            not _trains_on_cpu(cfg.common)
-            or dist.distributed_world_size <= 1
-            or dist.distributed_init_method is not None
-        ):
-            if _trains_on_cpu(cfg.common) and dist.distributed_init_method is not None:
-                _gloo(dist)
+        if not _trains_on_cpu(cfg.common):
             return call_main(cfg, main, **kwargs)
-        _gloo(dist)
-        if all(var in os.environ for var in _LAUNCH_VARS):  # torchrun
+        if dist.distributed_init_method is None and _under_torchrun():
             dist.distributed_init_method = "env://"
             dist.distributed_world_size = int(os.environ["WORLD_SIZE"])
             dist.distributed_rank = int(os.environ["RANK"])
             dist.device_id = 0
             dist.distributed_no_spawn = True
-            return call_main(cfg, main, **kwargs)
-        if dist.distributed_no_spawn:
-            raise ConfigError(RECIPE)
-        dist.distributed_init_method = f"tcp://127.0.0.1:{_free_port()}"
-        kwargs["start_rank"] = dist.distributed_rank
-        dist.distributed_rank = None  # distributed_main numbers the spawned ranks
-        logger.info("starting %d CPU ranks (%s, gloo)", dist.distributed_world_size,
-                    dist.distributed_init_method)
-        torch.multiprocessing.spawn(
-            fn=distributed_utils.distributed_main, args=(main, cfg, kwargs),
-            nprocs=dist.distributed_world_size, join=True,
-        )
+        elif dist.distributed_init_method is None and dist.distributed_world_size > 1:
+            if dist.distributed_no_spawn:
+                raise ConfigError(RECIPE)
+            _gloo(dist)
+            dist.distributed_init_method = f"tcp://127.0.0.1:{_free_port()}"
+            kwargs["start_rank"] = dist.distributed_rank
+            dist.distributed_rank = None  # distributed_main numbers the spawned ranks
+            logger.info("starting %d CPU ranks (%s, gloo)", dist.distributed_world_size,
+                        dist.distributed_init_method)
+            torch.multiprocessing.spawn(
+                fn=distributed_utils.distributed_main, args=(main, cfg, kwargs),
+                nprocs=dist.distributed_world_size, join=True,
+            )
+            return None
+        if dist.distributed_init_method is not None:
+            _gloo(dist)
+        return call_main(cfg, main, **kwargs)
 
     setattr(wrapper, _FIXED, True)
     return wrapper
