@@ -62,14 +62,15 @@ def main(argv=None):
         log=lambda m: print(m, flush=True),
     )
     result["command"] = "python scripts/benchmark_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    for path, obj in ((args.json, result), (args.rule, args.rule and kernel_timing.kernel_rule(result, result["command"]))):
+    rule = kernel_timing.kernel_rule(result, result["command"]) if args.rule else None
+    for path, obj in ((args.json, result), (args.rule, rule)):
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             with open(path, "w") as f:
                 json.dump(obj, f, indent=2)
-    if args.rule:
-        rule = kernel_timing.derive_rule(result)["rule"]
-        print(f"rule: first layer {rule['first_layer']}, later layers {rule['later_layers']} -> {args.rule}")
+    if rule:
+        print(f"rule: first layer {rule['rule']['first_layer']}, later layers {rule['rule']['later_layers']} "
+              f"-> {args.rule}")
     return result
 
 

@@ -25,7 +25,7 @@ COMMON = ["--user-dir", USER_DIR, "--arch", "realformer_transformer", *TINY_FLAG
 
 
 def epoch_updates(log_text):
-    line = [l for l in log_text.splitlines() if "| train | epoch 001" in l][-1]
+    line = [text for text in log_text.splitlines() if "| train | epoch 001" in text][-1]
     return int(line.split("num_updates ")[1].split()[0])
 
 

@@ -36,7 +36,8 @@ from conftest import batch, build
 CUDA = torch.cuda.is_available()
 DEVICES = [
     pytest.param("cpu", id="cpu"),
-    pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device")]),
+    pytest.param("cuda", id="cuda",
+                 marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device")]),
 ]
 # precision -> (parameter dtype, autocast dtype or None)
 PRECISIONS = {

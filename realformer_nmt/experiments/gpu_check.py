@@ -145,7 +145,8 @@ class GpuCheck:
         if dry_run and os.path.abspath(self.out) == os.path.abspath(os.path.join(REPO, DEFAULT_OUT)):
             raise ConfigError(f"--dry-run writes CPU results: give it another --out than {DEFAULT_OUT} "
                               "(its kernel_rule.json is what auto reads on CUDA)")
-        self.work = rel(work or os.path.join(self.out if dry_run else "runs", "gpu_check_work" if dry_run else "gpu_check"))
+        default_work = os.path.join(self.out, "gpu_check_work") if dry_run else os.path.join("runs", "gpu_check")
+        self.work = rel(work or default_work)
         self.sizes = dataclasses.replace(DRY if dry_run else REAL)
         if self.sizes.data is None:
             self.sizes.data = os.path.join(self.work, "toy_en_de")
@@ -424,17 +425,18 @@ class GpuCheck:
         return os.path.join(self.out, "kernel_rule.json")
 
     def step_speed(self):
+        """The kernel benchmark first: with ``--out results/gpu`` its ``kernel_rule.json`` is
+        the rule ``auto`` applies on CUDA, so the speed benchmark's ``auto`` runs it."""
         device = ["--device", self.device]
-        benchmarks = []
+        cmd = [sys.executable, rel(os.path.join(REPO, "scripts", "benchmark_kernels.py")), *device,
+               "--dtype", "float16", *self.sizes.kernel_args,
+               "--json", os.path.join(self.work, "kernel_timing_float16.json"), "--rule", self.rule_path()]
+        benchmarks = [("benchmark_kernels float16 -> kernel rule", cmd, self.rule_path())]
         for dtype in self.sizes.speed_dtypes:
             cmd = [sys.executable, rel(os.path.join(REPO, "scripts", "benchmark_speed.py")), *device,
                    "--dtype", dtype, *self.sizes.speed_args, "--variants", ",".join(["vanilla"] + self.kernels),
                    "--json", self.speed_path(dtype)]
             benchmarks.append((f"benchmark_speed {dtype}", cmd, self.speed_path(dtype)))
-        cmd = [sys.executable, rel(os.path.join(REPO, "scripts", "benchmark_kernels.py")), *device, "--dtype", "float16",
-               *self.sizes.kernel_args, "--json", os.path.join(self.work, "kernel_timing_float16.json"),
-               "--rule", self.rule_path()]
-        benchmarks.append(("benchmark_kernels float16 -> kernel rule", cmd, self.rule_path()))
         checks = []
         for name, cmd, result_path in benchmarks:
             if not self.force and os.path.exists(result_path):
@@ -445,8 +447,7 @@ class GpuCheck:
             self.log(f"speed: {name}: {portable(cmd)}")
             # dry run: toy models, where one thread is fastest on a shared CPU
             threads = 1 if self.dry_run else os.cpu_count()
-            code, lines = fairseq_runs.run_logged(cmd, log_path, label=f"[{name}] ", log=self.log,
-                                                  env=self.env(threads=threads))
+            code, lines = self.run_echoed(cmd, log_path, f"[{name}] ", self.env(threads=threads))
             if code != 0:
                 tail = [line for line in lines[-5:] if line.strip()]
                 checks.append(check(name, "failed", f"exit code {code}: {tail[-1] if tail else ''}",
@@ -458,6 +459,20 @@ class GpuCheck:
             return checks
         checks.append(check("peak CUDA memory", "skipped", "torch.cuda.max_memory_allocated needs CUDA (dry run)"))
         return checks
+
+    def run_echoed(self, cmd, log_path, label, env):
+        """Run ``cmd``, its output to ``log_path`` and, line by line, to the log (progress)."""
+        lines = []
+        with open(log_path, "w", encoding="utf-8", buffering=1) as out:
+            proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, encoding="utf-8", errors="replace", env=env)
+            for line in proc.stdout:
+                out.write(line)
+                lines.append(line.rstrip("\n"))
+                if " | INFO | " not in line:  # fairseq's import-time chatter
+                    self.log(label + lines[-1])
+            proc.wait()
+        return proc.returncode, lines
 
     # ------------------------------------------------------------------------------
     # summary
@@ -614,7 +629,8 @@ def summary_markdown(records, ctx) -> str:
 
     ddp = records.get("ddp")
     if ddp:
-        lines += ["", "## ddp (two ranks, gloo)", "", "| run | status | seconds | train losses |", "| --- | --- | --- | --- |"]
+        lines += ["", "## ddp (two ranks, gloo)", "", "| run | status | seconds | train losses |",
+                  "| --- | --- | --- | --- |"]
         for c in ddp["checks"]:
             losses = ", ".join(f"{x:.2f}" for _, x in c.get("train_losses", []))
             status = c["status"] + (f": {c['reason']}" if c.get("reason") else "")
@@ -657,7 +673,8 @@ def summary_markdown(records, ctx) -> str:
         lines.append("- speed at T = 128 and 512 in fp16: not measured" + (" (dry run lengths)" if dry else ""))
     rows = loss_targets(train)
     if rows:
-        lines += ["", "| target | kernel | fp16 valid loss | fp32 valid loss | difference | |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += ["", "| target | kernel | fp16 valid loss | fp32 valid loss | difference | |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         for r in rows:
             diff = "-" if r["relative"] is None else f"{100 * r['relative']:.2f}%"
             lines.append(f"| fp16 loss within 1% of fp32 after {ctx.sizes.train_updates} updates | {r['kernel']} | "
@@ -683,9 +700,9 @@ def parse_args(argv=None):
     p.add_argument("--force", "--redo", action="store_true", dest="force",
                    help="run the chosen steps again even where their results exist")
     p.add_argument("--kernels", default=None,
-                   help=f"comma list of kernels the train and speed steps run (default: all: {', '.join(KERNELS)})")
+                   help=f"comma list of kernels the train and speed steps run (default: {', '.join(KERNELS)})")
     p.add_argument("--precisions", default=None,
-                   help=f"comma list of training precisions the train step runs (default: all: {', '.join(PRECISIONS)})")
+                   help=f"comma list of precisions the train step runs (default: {', '.join(PRECISIONS)})")
     p.add_argument("--jobs", type=int, default=None,
                    help="fairseq-train runs at a time in the train step (default: 4 on CUDA, 2 dry)")
     args = p.parse_args(argv)
