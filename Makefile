@@ -1,13 +1,31 @@
 # One-command entry points; each does its own set-up into ./.venv.
-#   make demo   train a small RealFormer on an embedded corpus, translate, print sacreBLEU
-#   make test   the test suite
+#   make demo        train a small RealFormer on an embedded corpus, translate, print sacreBLEU
+#   make test        the test suite
+#   make gpu-check   everything a GPU must prove (docs/gpu.md); GPU_CHECK_ARGS=--dry-run on CPU
+#   make gpu-wheels  download into .whl/ the wheels a GPU machine without network needs
+# On a machine whose Python already has torch (a GPU machine): make gpu-check PY=python3
+# uses that interpreter and skips the venv set-up (scripts/gpu_machine_setup.sh installs the rest).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Builds (fairseq's sdist) must never pull a CUDA torch from the registry.
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
+# PY given on the command line: that interpreter is already set up, no venv
+ifeq ($(origin PY),command line)
+PY_SETUP :=
+else
+PY_SETUP := setup
+endif
+WHEELS ?= .whl
+# the GPU machine's Python (see docs/gpu.md); pip matches each manylinux tag exactly
+WHEEL_TARGET := --python-version 3.12 --implementation cp --only-binary=:all: \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+	--platform manylinux2014_x86_64 --platform manylinux1_x86_64
+GPU_WHEELS := fairseq-fixed==0.12.3.1 hydra-core==1.3.2 omegaconf==2.3.0 bitarray==3.12.3
+# installed there only where missing (the image has them today)
+GPU_OPTIONAL_WHEELS := pytest pyyaml iniconfig pluggy pygments packaging
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test clean gpu-check gpu-wheels
 
 setup: $(VENV)/.installed
 
@@ -22,6 +40,17 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest tests -q $(TEST_ARGS)
+
+gpu-check: $(PY_SETUP)
+	$(PY) -m realformer_nmt.experiments.gpu_check $(GPU_CHECK_ARGS)
+
+gpu-wheels: $(PY_SETUP)
+	rm -rf $(WHEELS) && mkdir -p $(WHEELS)/optional
+	$(PY) -m pip download -q --no-deps $(WHEEL_TARGET) -d $(WHEELS) $(GPU_WHEELS)
+	# antlr4-python3-runtime 4.9.3 (hydra-core and omegaconf pin 4.9.*) is published as an sdist only
+	$(PY) -m pip wheel -q --no-deps -w $(WHEELS) antlr4-python3-runtime==4.9.3
+	$(PY) -m pip download -q --no-deps $(WHEEL_TARGET) -d $(WHEELS)/optional $(GPU_OPTIONAL_WHEELS)
+	@ls $(WHEELS) $(WHEELS)/optional
 
 clean:
 	rm -rf runs data-bin/demo_en_de

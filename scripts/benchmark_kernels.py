@@ -3,12 +3,16 @@
 ``--residual-attention-kernel auto`` (attention alone, forward + backward).
 
 For every length and mask (non-causal = encoder self / cross paths, causal = decoder
-self path) it times a stack of ``--layers`` attention modules with the materialized
-kernel, the fused kernel, hybrids fused for the first m layers, and fairseq's vanilla
-attention, interleaved in one process; prints one line per configuration and writes JSON.
+self path) it times a stack of ``--layers`` attention modules with every kernel, every
+(first layer, later layers) pair of kernels, hybrids fused for the first m layers, and
+fairseq's vanilla attention, interleaved in one process (on CUDA also each one's peak
+memory); prints one line per configuration and writes JSON. ``--rule`` writes the rule
+``auto`` applies on that device (fastest kernel per position with memory not above
+materialized) in the schema of ``results/gpu/kernel_rule.json``.
 
   python scripts/benchmark_kernels.py --json results/kernel_timing_cpu.json
-  python scripts/benchmark_kernels.py --device cuda --dtype bfloat16 --json results/kernel_timing_cuda.json
+  python scripts/benchmark_kernels.py --device cuda --dtype float16 --lengths 128,512,1024 \
+      --json results/gpu/kernel_timing_float16.json --rule results/gpu/kernel_rule.json
 """
 
 import argparse
@@ -41,6 +45,7 @@ def main(argv=None):
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--rule", help="write the derived kernel rule here (kernel_rule.json schema)")
     args = p.parse_args(argv)
     masks = args.masks
     if args.embed_dim % args.heads:
@@ -57,10 +62,15 @@ def main(argv=None):
         log=lambda m: print(m, flush=True),
     )
     result["command"] = "python scripts/benchmark_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    rule = kernel_timing.kernel_rule(result, result["command"]) if args.rule else None
+    for path, obj in ((args.json, result), (args.rule, rule)):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w") as f:
+                json.dump(obj, f, indent=2)
+    if rule:
+        print(f"rule: first layer {rule['rule']['first_layer']}, later layers {rule['rule']['later_layers']} "
+              f"-> {args.rule}")
     return result
 
 

@@ -9,11 +9,15 @@ Per (size, length):
 * train: forward + backward + Adam step on ``tokens`` target tokens (``tokens // T``
   sentences of ``T`` source and ``T`` target tokens), in training mode with the arch's
   own dropout settings; tokens/s counts target tokens, as fairseq's ``wps`` does;
-* memory: peak memory of a train step, in a fresh process per variant: on CPU the rise
-  of the process's peak RSS during the second train step over its RSS before it
-  (activations and gradients; Adam state exists by then), on CUDA
-  ``torch.cuda.max_memory_allocated``; plus the bytes
-  autograd saves for backward (a deterministic count of activation memory);
+* memory: peak memory of a train step. On CPU, in a fresh process per variant: the
+  rise of the process's peak RSS during the second train step over its RSS before it
+  (activations and gradients; Adam state exists by then). On CUDA, in the same process
+  (the caching allocator counts every byte, so no fresh process is needed):
+  ``torch.cuda.max_memory_allocated`` during a train step of the variant, minus what was
+  allocated before it (the other variants' models and states), plus the variant's own
+  parameters and Adam state, i.e. what a process training that variant alone would
+  peak at. Plus the bytes autograd saves for backward (a deterministic count of
+  activation memory);
 * decode: fairseq's ``SequenceGenerator`` beam search (cached decoding) over
   ``decode_sentences`` sources of length ``T``, generating up to ``decode_len`` tokens;
   sentences/s.
@@ -33,16 +37,22 @@ from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
-SIZES = {
+from ..modules.residual_attention import KERNELS
+
+SIZES = {  # name -> (vanilla arch, RealFormer arch); fairseq's dims
     "iwslt": ("transformer_iwslt_de_en", "realformer_transformer_iwslt_de_en"),
     "base": ("transformer", "realformer_transformer"),
+    "big": ("transformer_wmt_en_de_big", "realformer_transformer_wmt_en_de_big"),
+    "toy": ("transformer", "realformer_transformer"),  # with TOY below: CI smoke runs
 }
-VARIANTS = {  # name -> (uses the RealFormer arch, extra model args)
-    "vanilla": (False, {}),
-    "materialized": (True, {"residual_attention_kernel": "materialized"}),
-    "fused": (True, {"residual_attention_kernel": "fused"}),
-    "auto": (True, {"residual_attention_kernel": "auto"}),
-}
+TOY = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
+           encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64,
+           encoder_attention_heads=4, decoder_attention_heads=4)
+SIZE_OVERRIDES = {"toy": TOY}
+# name -> (uses the RealFormer arch, extra model args): vanilla, then every kernel
+VARIANTS = {"vanilla": (False, {})}
+VARIANTS.update({k: (True, {"residual_attention_kernel": k}) for k in KERNELS if k != "auto"})
+VARIANTS["auto"] = (True, {"residual_attention_kernel": "auto"})
 
 
 def make_dictionary(vocab):
@@ -55,7 +65,7 @@ def make_dictionary(vocab):
 def build_model(size, variant, dictionary, mode="sum", device="cpu", dtype=torch.float32, seed=0):
     realformer, extra = VARIANTS[variant]
     arch = SIZES[size][1 if realformer else 0]
-    args = argparse.Namespace(**extra)
+    args = argparse.Namespace(**SIZE_OVERRIDES.get(size, {}), **extra)
     if realformer:
         args.residual_attention_mode = mode
     ARCH_CONFIG_REGISTRY[arch](args)
@@ -78,6 +88,13 @@ def random_batch(dictionary, bsz, src_len, tgt_len, device, seed=0):
 def _sync(device):
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def adam(model):
+    """Adam on the model's own dtype. In float16 its default eps (1e-8) is 0, and a
+    parameter with no gradient (the padding embedding) becomes 0/0 = NaN: 1e-4 there."""
+    half = next(model.parameters()).dtype == torch.float16
+    return torch.optim.Adam(model.parameters(), lr=1e-4, eps=1e-4 if half else 1e-8)
 
 
 def train_step(model, optimizer, batch):
@@ -120,7 +137,7 @@ def _peak_memory_child(queue, size, variant, vocab, bsz, length, mode, device, d
     dtype = getattr(torch, dtype_name)
     dictionary = make_dictionary(vocab)
     model = build_model(size, variant, dictionary, mode, device, dtype).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    optimizer = adam(model)
     batch = random_batch(dictionary, bsz, length, length, device)
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -147,6 +164,28 @@ def _status_mib(field):
             if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024  # kB -> MiB
     raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def state_bytes(model, optimizer):
+    """Bytes of the parameters and the optimizer state (Adam's moments)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    for state in optimizer.state.values():
+        total += sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t))
+    return total
+
+
+def cuda_peak_mb(model, optimizer, batch):
+    """Peak CUDA memory of one train step of ``model``, as if it were alone on the device:
+    ``max_memory_allocated`` during the step minus what was allocated before it, plus the
+    model's parameters and optimizer state (gradients are freed first, so they count in the
+    step). Run after a first step, so the optimizer state exists."""
+    optimizer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    train_step(model, optimizer, batch)
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before + state_bytes(model, optimizer)) / 2**20
 
 
 def peak_memory_mb(size, variant, vocab, bsz, length, mode, device, dtype):
@@ -186,14 +225,14 @@ def decode_seconds(model, dictionary, batch, beam, decode_len, device):
 
 
 def run_config(size, length, variants, *, tokens, alternations, warmup, beam, decode_sentences,
-               decode_len, vocab, mode, device, dtype, memory=True, log=print):
+               decode_len, vocab, mode, device, dtype, memory=True, decode_alternations=None, log=print):
     dictionary = make_dictionary(vocab)
     bsz = max(1, tokens // length)
     models = {v: build_model(size, v, dictionary, mode, device, dtype).train() for v in variants}
     first = next(iter(models.values())).state_dict()
     for m in models.values():  # identical weights, whatever the arch function built
         m.load_state_dict(first)
-    optimizers = {v: torch.optim.Adam(m.parameters(), lr=1e-4) for v, m in models.items()}
+    optimizers = {v: adam(m) for v, m in models.items()}
     batch = random_batch(dictionary, bsz, length, length, device)
     train = {v: [] for v in variants}
     for r in range(warmup + alternations):
@@ -206,25 +245,33 @@ def run_config(size, length, variants, *, tokens, alternations, warmup, beam, de
                 train[v].append(time.perf_counter() - start)
         log(f"  {size} T={length}: train round {r + 1}/{warmup + alternations}")
     activations = {v: saved_activation_bytes(m, batch) / 2**20 for v, m in models.items()}
+    cuda = torch.device(device).type == "cuda"
+    peaks = {}
+    if memory and cuda:
+        for v, m in models.items():
+            peaks[v] = cuda_peak_mb(m, optimizers[v], batch)
+            log(f"  {size} T={length}: peak memory {v} {peaks[v]:.0f} MiB")
+    decode_alternations = alternations if decode_alternations is None else decode_alternations
     dec_batch = random_batch(dictionary, min(decode_sentences, bsz), length, length, device, seed=1)
     decode = {v: [] for v in variants}
     for m in models.values():
         m.eval()
-    for r in range(1 + alternations):
+    for r in range(1 + decode_alternations):
         for v, model in models.items():
             t = decode_seconds(model, dictionary, dec_batch, beam, decode_len, device)
             if r >= 1:
                 decode[v].append(t)
-        log(f"  {size} T={length}: decode round {r + 1}/{1 + alternations}")
+        log(f"  {size} T={length}: decode round {r + 1}/{1 + decode_alternations}")
     del models, optimizers
-    peaks = {}
-    if memory:
+    if memory and not cuda:
         for v in variants:
             peaks[v] = peak_memory_mb(size, v, vocab, bsz, length, mode, device, dtype)
             log(f"  {size} T={length}: peak memory {v} {peaks[v]:.0f} MiB")
     n_dec = dec_batch[0].size(0)
     out = {"size": size, "length": length, "batch_sentences": bsz, "train_tokens": bsz * length,
-           "decode_sentences": n_dec, "decode_len": decode_len, "variants": {}}
+           "decode_sentences": n_dec, "decode_len": decode_len,
+           "peak_memory": ("cuda max_memory_allocated, same process" if cuda else "process peak RSS rise")
+           if memory else None, "variants": {}}
     base = "vanilla" if "vanilla" in variants else None
     for v in variants:
         tr, de = statistics.median(train[v]), statistics.median(decode[v])

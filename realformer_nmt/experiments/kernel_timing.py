@@ -1,20 +1,37 @@
 """Where each residual-attention kernel is faster: the measurements behind ``auto``.
 
 Attention alone (no FFN, no embeddings): a stack of ``layers`` self-attention modules
-of one residual path, forward + backward, for the materialized kernel, the fused kernel,
-and hybrids that run fused for the first ``m`` layers and materialized after (a path can
-switch that way, never back), next to fairseq's vanilla attention (PyTorch's fused
-kernel, no residual) as the yardstick. Variants are interleaved round by round in one
-process, so machine load hits all alike; medians are reported, with ratios.
+of one residual path, forward + backward, next to fairseq's vanilla attention
+(PyTorch's fused kernel, no residual) as the yardstick. Variants:
+
+* every kernel on every layer (``materialized``, ``fused``, ``bias``, ...: every entry of
+  ``KERNELS`` but ``auto``);
+* ``F+L``: kernel ``F`` on the first layer of the path and ``L`` on every later one (a
+  path can go from fused to another kernel, never back to fused), the two positions
+  ``auto`` decides separately;
+* ``fused<=m``: fused for the first ``m`` layers, materialized after.
+
+Variants are interleaved round by round in one process, so machine load hits all alike;
+medians are reported, with ratios. On CUDA each variant's peak memory over a step
+(``torch.cuda.max_memory_allocated`` above what was allocated before it) is recorded
+too, and :func:`derive_rule` turns a run into the rule ``auto`` applies on that device
+(:func:`kernel_rule` writes it in the schema ``results/gpu/kernel_rule.json`` uses).
 """
 
+import math
 import statistics
 import time
 from typing import Dict, List, Optional
 
 import torch
 
-from ..modules.residual_attention import ResidualMultiheadAttention
+from ..modules.residual_attention import KERNELS, ResidualMultiheadAttention
+
+# every kernel a layer can run (``auto`` only chooses among these)
+CONCRETE_KERNELS = tuple(k for k in KERNELS if k != "auto")
+# a candidate may use this much more peak memory than all-materialized and still count as
+# "not worse" (allocator rounding; CUDA peaks are otherwise deterministic)
+MEMORY_SLACK = 1.01
 
 
 def build_stack(kernels: List[Optional[str]], embed_dim: int, heads: int, dropout: float, device, dtype):
@@ -40,13 +57,36 @@ def stack_step(mods, x, attn_mask, key_padding_mask):
     h.float().pow(2).mean().backward()
 
 
-def variants_for(layers: int, switch_points: List[int]) -> Dict[str, List[Optional[str]]]:
-    out = {"vanilla": [None] * layers, "materialized": ["materialized"] * layers,
-           "fused": ["fused"] * layers}
+def position_variants(layers: int, kernels=CONCRETE_KERNELS) -> Dict[str, List[str]]:
+    """``{name: per-layer kernels}``: first layer ``F``, later layers ``L``; named ``F``
+    when ``F == L``, else ``F+L``. A later layer runs fused only after a fused first layer."""
+    out = {}
+    for first in kernels:
+        for later in kernels:
+            if later == "fused" and first != "fused":
+                continue
+            out[first if first == later else f"{first}+{later}"] = [first] + [later] * (layers - 1)
+    return out
+
+
+def variants_for(layers: int, switch_points: List[int], kernels=CONCRETE_KERNELS) -> Dict[str, List[Optional[str]]]:
+    out: Dict[str, List[Optional[str]]] = {"vanilla": [None] * layers}
+    if layers == 1:
+        out.update({k: [k] for k in kernels})
+    else:
+        out.update(position_variants(layers, kernels))
     for m in switch_points:
-        if 0 < m < layers:
+        if 1 < m < layers and "fused" in kernels:
             out[f"fused<={m}"] = ["fused"] * m + ["materialized"] * (layers - m)
     return out
+
+
+def split_variant(name: str, layers: int):
+    """``(first, later)`` kernels of a position variant, or None (vanilla, hybrids)."""
+    parts = name.split("+")
+    if len(parts) > 2 or any(p not in CONCRETE_KERNELS for p in parts):
+        return None
+    return parts[0], parts[-1]
 
 
 def _sync(device):
@@ -65,12 +105,19 @@ def time_config(*, length: int, causal: bool, layers: int, batch: int, embed_dim
     if causal:
         attn_mask = torch.full((length, length), float("-inf"), device=device).triu(1).to(dtype)
     times = {name: [] for name in variants}
+    cuda = torch.device(device).type == "cuda"
+    peaks = {}
     for r in range(warmup + rounds):
         for name, mods in stacks.items():
             _sync(device)
+            if cuda and r == warmup:
+                before = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
             start = time.perf_counter()
             stack_step(mods, x, attn_mask, None)
             _sync(device)
+            if cuda and r == warmup:
+                peaks[name] = (torch.cuda.max_memory_allocated() - before) / 2**20
             if r >= warmup:
                 times[name].append(time.perf_counter() - start)
             x.grad = None
@@ -84,6 +131,8 @@ def time_config(*, length: int, causal: bool, layers: int, batch: int, embed_dim
         "ratio_to_materialized": {n: medians[n] / medians["materialized"] for n in medians},
         "ratio_to_vanilla": {n: medians[n] / medians["vanilla"] for n in medians},
         "fastest_residual": best,
+        # CUDA: peak allocated during the first timed step over what was allocated before it
+        "peak_memory_mib": peaks or None,
     }
     log(f"T={length:4d} causal={causal!s:5s} layers={layers}: "
         + "  ".join(f"{n} {medians[n] * 1000:.1f}ms" for n in medians) + f"  -> {best}")
@@ -103,5 +152,73 @@ def run(lengths, causal_modes, layers, batch, embed_dim, heads, dropout, switch_
         "device": str(device), "dtype": str(dtype).replace("torch.", ""),
         "embed_dim": embed_dim, "heads": heads, "head_dim": embed_dim // heads, "dropout": dropout,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "device_name": device_name(device), "layers": layers,
         "configs": configs,
+    }
+
+
+def device_name(device) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
+
+
+def derive_rule(result: dict) -> dict:
+    """The fastest ``(first layer, later layers)`` kernels over a :func:`run`, among those
+    whose peak memory is nowhere above all-``materialized`` (where measured).
+
+    Score: the geometric mean over the run's configurations (lengths, masks) of each
+    position variant's time relative to all-materialized. Returns ``{"rule":
+    {"first_layer", "later_layers"}, "scores", "memory_ok"}``.
+    """
+    layers = result["layers"]
+    scores, memory_ok = {}, {}
+    for name in result["configs"][0]["median_seconds"]:
+        if split_variant(name, layers) is None:
+            continue
+        ratios = [c["ratio_to_materialized"][name] for c in result["configs"]]
+        scores[name] = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        memory_ok[name] = all(
+            c["peak_memory_mib"][name] <= c["peak_memory_mib"]["materialized"] * MEMORY_SLACK
+            for c in result["configs"] if c.get("peak_memory_mib")
+        )
+    eligible = [n for n in scores if memory_ok[n]] or ["materialized"]
+    best = min(eligible, key=scores.get)
+    first, later = split_variant(best, layers)
+    return {"rule": {"first_layer": first, "later_layers": later}, "scores": scores, "memory_ok": memory_ok,
+            "chosen": best}
+
+
+def kernel_rule(result: dict, command: str) -> dict:
+    """The rule file ``auto`` reads on CUDA (``results/gpu/kernel_rule.json``)::
+
+        {"device": "<gpu name>", "dtype": "float16",
+         "rule": {"first_layer": "<kernel>", "later_layers": "<kernel>"},
+         "measured": {...}, "command": "..."}
+
+    ``rule``: kernels among ``CONCRETE_KERNELS``, the fastest per position with peak
+    memory not above ``materialized`` (:func:`derive_rule`). ``measured``: per
+    configuration, every variant's median seconds, ratio to materialized and peak MiB,
+    plus the geometric-mean scores the rule was chosen by.
+    """
+    derived = derive_rule(result)
+    return {
+        "device": result["device_name"],
+        "dtype": result["dtype"],
+        "rule": derived["rule"],
+        "measured": {
+            "what": result["what"],
+            "chosen": derived["chosen"],
+            "geomean_ratio_to_materialized": derived["scores"],
+            "memory_not_worse_than_materialized": derived["memory_ok"],
+            "layers": result["layers"], "batch": result["configs"][0]["batch"],
+            "embed_dim": result["embed_dim"], "heads": result["heads"], "torch": result["torch"],
+            "configs": [
+                {k: c[k] for k in ("length", "causal", "median_seconds", "ratio_to_materialized",
+                                   "peak_memory_mib")}
+                for c in result["configs"]
+            ],
+        },
+        "command": command,
     }

@@ -17,12 +17,14 @@ plugin loaded get them too.
 | cpu_bf16                    | --bf16 is TPU-only (bf16 on CPU); --fp16 on CPU dies late    |
 | numpy2_compat               | numpy 2 removals: eos token blocks, --num-batch-buckets      |
 | epoch_workers               | --num-workers >= 1: masks/pairs drawn once, not per epoch    |
+| cpu_distributed             | CPU ranks: pytorch_ddp dies; --cpu --distributed-world-size  |
 """
 
 from . import (
     atomic_checkpoint_copies,
     batch_thread_exit,
     cpu_bf16,
+    cpu_distributed,
     data_dir_checks,
     epoch_workers,
     interactive_utf8,
@@ -41,6 +43,7 @@ PATCHES = (
     cpu_bf16,
     numpy2_compat,
     epoch_workers,
+    cpu_distributed,
 )
 
 
