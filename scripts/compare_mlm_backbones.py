@@ -16,7 +16,7 @@ same command reuses finished runs and resumes an interrupted one.
 
   python scripts/prepare_pretraining_data.py --raw-dir ../shared/data/wikitext-2 --out data-bin/wikitext2_mlm
   python scripts/compare_mlm_backbones.py --data data-bin/wikitext2_mlm --out runs/compare/mlm \\
-      --max-update 500 --threads 1 --results results/mlm_wikitext2.json
+      --max-update 600 --warmup-updates 60 --seeds 1,2,3 --jobs 2 --results results/mlm_wikitext2.json
 """
 
 import argparse
@@ -65,7 +65,11 @@ def parse_args(argv=None):
                    help="cuda drops --cpu and adds --fp16 (default: %(default)s)")
     p.add_argument("--no-fp16", action="store_true", help="with --device cuda: train in float32")
     p.add_argument("--train-args", default="", help="extra fairseq-train flags for every backbone alike (one string)")
-    p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for the fairseq runs")
+    p.add_argument("--threads", type=int, default=None,
+                   help="OMP_NUM_THREADS for each fairseq run (default: inherited with --jobs 1, else the "
+                        "cores shared out between the jobs)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="train this many runs at once (default: 1; results do not depend on it)")
     p.add_argument("--machine-note", default="", help="a note stored with the machine description")
     return p.parse_args(argv)
 
@@ -88,6 +92,7 @@ def main(argv=None):
             args.data, args.out, recipe, backbones=args.backbones, seeds=args.seeds,
             residual_mode=args.residual_attention_mode, results_path=args.results,
             machine_note=args.machine_note, threads=args.threads, log=lambda m: print(m, flush=True),
+            jobs=args.jobs,
         )
     except RealFormerError as exc:
         print(f"compare_mlm_backbones.py: error: {exc}", file=sys.stderr)

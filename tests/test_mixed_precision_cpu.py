@@ -126,12 +126,6 @@ def test_patch_keeps_tpu_off_on_cpu_but_honours_an_explicit_tpu():
     assert not hasattr(Trainer.__init__.__wrapped__, "__wrapped__")
 
 
-def test_bf16_inference_casts_the_model_to_bf16():
-    model = build()
-    model.prepare_for_inference_(tiny_optimizer_cfg("--cpu", "--bf16"))
-    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-
-
 # --------------------------------------------------------------------------------------
 # in-process: what the trainer holds during real updates
 # --------------------------------------------------------------------------------------

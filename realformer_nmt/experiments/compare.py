@@ -227,9 +227,9 @@ def run_one(data, references, backbone, recipe, seed, run_dir, residual_mode="su
 
 def run_hypotheses(result):
     """The detokenized test hypotheses of a scored run, in corpus order (None if not decoded)."""
-    if result.get("bleu") is None:
-        return None
     path = os.path.join(result["run_dir"], "generate.txt")
+    if result.get("bleu") is None or not os.path.exists(path):
+        return None  # not decoded, or a record reused without its decode output
     hyps = fairseq_runs.parse_generate_output(fairseq_runs.read_log(path))
     return [hyps[i] for i in range(len(hyps))]
 
@@ -632,7 +632,7 @@ def write_outputs(summary, json_path, markdown, plot):
     written relative to it (committed results carry no paths of the machine they ran on)."""
     os.makedirs(os.path.dirname(os.path.abspath(json_path)) or ".", exist_ok=True)
     stem = os.path.splitext(json_path)[0]
-    summary = fairseq_runs.portable(fairseq_runs.finite_or_none(summary), REPO)
+    summary = fairseq_runs.portable(fairseq_runs.finite_or_none(summary))
     fairseq_runs.write_json(json_path, summary)
     with open(stem + ".md", "w", encoding="utf-8") as f:
         f.write(markdown(summary))

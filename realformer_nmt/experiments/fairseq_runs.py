@@ -120,19 +120,26 @@ def serialized(log):
     return locked
 
 
-def portable(obj, root=REPO):
-    """JSON-ready copy of ``obj`` whose strings name paths under ``root`` relative to it
-    (committed results must not carry the paths of the machine they ran on)."""
-    root = os.path.abspath(root).rstrip(os.sep)
-    if isinstance(obj, str):
-        if obj == root:
-            return "."
-        return obj.replace(root + os.sep, "")
-    if isinstance(obj, dict):
-        return {k: portable(v, root) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [portable(v, root) for v in obj]
-    return obj
+def portable(obj, root=None):
+    """JSON-ready copy of ``obj`` whose strings name paths under ``root`` (default: the
+    repository and the working directory, which the commands are run from) relative to it:
+    committed results must not carry the paths of the machine they ran on."""
+    roots = [root] if root is not None else [REPO, os.getcwd()]
+    roots = sorted({os.path.abspath(r).rstrip(os.sep) for r in roots}, key=len, reverse=True)
+
+    def strip(obj):
+        if isinstance(obj, str):
+            for r in roots:
+                if obj == r:
+                    return "."
+                obj = obj.replace(r + os.sep, "")
+            return obj
+        if isinstance(obj, dict):
+            return {k: strip(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [strip(v) for v in obj]
+        return obj
+    return strip(obj)
 
 
 # --------------------------------------------------------------------------------------

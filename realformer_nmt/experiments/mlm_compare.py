@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import ConfigError, DataError
 from . import fairseq_runs
-from .compare import BACKBONES, USER_DIR, _COLORS, _fmt, _pyplot, _seconds, machine_description
+from .compare import BACKBONES, USER_DIR, _COLORS, _fmt, _pyplot, _seconds, machine_description, parallel_note
 
 BACKBONE_DESCRIPTIONS = {
     "postln": "fairseq `roberta` (Post-LN BERT)",
@@ -197,21 +197,29 @@ def summarize_backbone(results, backbone, residual_mode):
 
 
 def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="sum", results_path=None,
-            machine_note="", threads=None, log=print, title="WikiText-2 masked LM"):
-    """Train every backbone for every seed, evaluate, write JSON, MD and PNG; return the summary."""
+            machine_note="", threads=None, log=print, title="WikiText-2 masked LM", jobs=1):
+    """Train every backbone for every seed (``jobs`` at a time), evaluate, write JSON, MD
+    and PNG; return the summary."""
     check_data(data)
     if not backbones or len(set(backbones)) != len(backbones):
         raise ConfigError("--backbones: give each backbone once")
     for b in backbones:
         backbone_flags(b)
-    env = fairseq_runs.cli_env(threads)
-    results = {b: [] for b in backbones}
-    total = len(backbones) * len(seeds)
-    for seed in seeds:
-        for backbone in backbones:
-            run_dir = os.path.join(out, backbone, f"seed{seed}")
-            results[backbone].append(run_one(data, backbone, recipe, seed, run_dir, residual_mode, env, log))
-            log(f"[compare-mlm] finished {sum(len(v) for v in results.values())}/{total}: {backbone} seed {seed}")
+    env = fairseq_runs.cli_env(fairseq_runs.threads_per_job(threads, jobs))
+    log = fairseq_runs.serialized(log)
+    total, done = len(backbones) * len(seeds), []
+
+    def task(backbone, seed):
+        def run():
+            result = run_one(data, backbone, recipe, seed, os.path.join(out, backbone, f"seed{seed}"),
+                             residual_mode, env, log)
+            done.append(1)
+            log(f"[compare-mlm] finished {len(done)}/{total}: {backbone} seed {seed}")
+            return result
+        return run
+
+    runs = fairseq_runs.run_parallel([((b, seed), task(b, seed)) for seed in seeds for b in backbones], jobs, log)
+    results = {b: [runs[(b, seed)] for seed in seeds] for b in backbones}
     summary = {b: summarize_backbone(results[b], b, residual_mode) for b in backbones}
     example = train_command(data, backbones[0], recipe, seeds[0], "<run_dir>", residual_mode)
     summary.update(
@@ -228,7 +236,7 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
                           "of the best checkpoint (by the loss on the fixed validation subset) on the whole "
                           "validation set, fairseq-validate; curves: the fixed subset during training",
         },
-        machine=machine_description(machine_note),
+        machine=machine_description("; ".join(n for n in (parallel_note(jobs, threads), machine_note) if n)),
         out=os.path.abspath(out),
     )
     results_path = results_path or os.path.join(out, "mlm_comparison.json")

@@ -19,29 +19,37 @@ Bugs (fairseq 0.12.2; the first is still in ``options.py`` on fairseq's main bra
    masters, ``--fp16-no-flatten-grads``, do train on CPU), the second not without
    copying ``train_step``: a CPU fp16 run would die at the loss scaler's first overflow.
 
-Fixes, each at one seam, no fairseq function copied:
+Fixes, each at one seam, no fairseq function copied, each logging one line when it acts
+(importing the plugin changes nothing for a command that does not ask for bf16):
 
 1. ``options.parse_args_and_arch`` is wrapped: after fairseq's own post-processing,
    ``--bf16`` keeps implying ``--tpu`` only where a TPU can be used (torch_xla importable
-   and no ``--cpu``). ``--tpu`` given explicitly is left alone. (On a CUDA machine without
-   torch_xla, ``--bf16`` thus stops crashing too and runs the same device-neutral path on
-   the GPU; that case is not tested here, having no GPU.)
-2. ``BaseFairseqModel.prepare_for_inference_`` (which generate, interactive and the hub
-   interface call on every model) is wrapped: with ``--bf16`` and not ``--fp16`` the model
-   is cast to bfloat16, as fairseq casts it to half for ``--fp16``.
+   and no ``--cpu``). ``--tpu`` given explicitly is left alone. Where it acts, fairseq
+   alone would stop at once (torch_xla missing), so no working command changes: on CPU,
+   and on a CUDA machine without torch_xla, ``--bf16`` then trains through the same
+   device-neutral path (GPU: ``python -m realformer_nmt.experiments.gpu_check``).
+2. The inference commands ``fairseq-generate``, ``fairseq-interactive`` and
+   ``fairseq-eval-lm`` (their ``main``) are wrapped to note whether *their command line*
+   has ``--bf16`` (and not ``--fp16``); ``BaseFairseqModel.prepare_for_inference_``
+   (which they call on every model) casts the model to bfloat16 only then, as fairseq
+   casts it to half for ``--fp16``. A checkpoint's stored training config never casts:
+   the hub interface (``from_pretrained``, which calls ``prepare_for_inference_`` with
+   the checkpoint's config) gives a float32 model even for a model trained with ``--bf16``.
 3. ``Trainer.__init__`` is wrapped: ``--fp16``/``--memory-efficient-fp16`` on CPU raise
    a :class:`~realformer_nmt.errors.ConfigError` before anything is built, saying to use
    ``--bf16``. (Decoding with ``--fp16 --cpu`` works and is left alone.)
 
 When it is no longer needed (how to tell): with the wrappers removed (``uninstall()``),
-``options.parse_args_and_arch`` leaves ``tpu`` off for ``--cpu --bf16``, a bf16
-``prepare_for_inference_`` leaves bfloat16 parameters, and ``fairseq-train --cpu --fp16``
+``options.parse_args_and_arch`` leaves ``tpu`` off for ``--cpu --bf16``,
+``fairseq-generate --bf16`` decodes with bfloat16 parameters, and ``fairseq-train --cpu --fp16``
 survives an overflowing loss scale (``--fp16-init-scale 1048576``).
 ``tests/test_mixed_precision_cpu.py::test_fairseq_alone_cannot_train_mixed_precision_on_cpu``
 checks what fairseq does alone and fails once fairseq is fixed.
 """
 
+import contextvars
 import functools
+import logging
 import sys
 
 import torch
@@ -50,10 +58,15 @@ from fairseq import options
 from fairseq import utils as fairseq_utils
 from fairseq.models.fairseq_model import BaseFairseqModel
 from fairseq.trainer import Trainer
+from fairseq_cli import eval_lm, generate, interactive
 
 from ..errors import ConfigError
 
+logger = logging.getLogger(__name__)
+
 _FIXED = "__realformer_fixed__"
+# True while an inference command whose command line has --bf16 (not --fp16) runs
+_BF16_INFERENCE = contextvars.ContextVar("realformer_bf16_inference", default=False)
 
 FP16_ON_CPU = (
     "--fp16 trains on CUDA GPUs only (fairseq 0.12's loss scaler calls CUDA when a gradient "
@@ -79,7 +92,31 @@ def bf16_without_tpu(parse_args_and_arch):
             and "--tpu" not in words
         ):
             parsed.tpu = False  # fairseq set it only because of --bf16
+            logger.info("--bf16 without a TPU (%s): bfloat16 through fairseq's FP16Optimizer on this device; "
+                        "fairseq 0.12 alone would turn --bf16 into --tpu (realformer_nmt.fairseq_patches.cpu_bf16)",
+                        "--cpu" if getattr(parsed, "cpu", False) else "no TPU library installed")
         return result
+
+    setattr(wrapper, _FIXED, True)
+    return wrapper
+
+
+def _asks_bf16(cfg) -> bool:
+    """``--bf16`` and not ``--fp16`` in an inference command's config (Namespace or Hydra)."""
+    common = getattr(cfg, "common", cfg)
+    return bool(getattr(common, "bf16", False)) and not getattr(common, "fp16", False)
+
+
+def notes_bf16_command_line(main):
+    """Wrap an inference command's ``main(cfg)``: its models are cast to bf16 if its own
+    command line asked for ``--bf16``."""
+    @functools.wraps(main)
+    def wrapper(cfg, *args, **kwargs):
+        token = _BF16_INFERENCE.set(_asks_bf16(cfg))
+        try:
+            return main(cfg, *args, **kwargs)
+        finally:
+            _BF16_INFERENCE.reset(token)
 
     setattr(wrapper, _FIXED, True)
     return wrapper
@@ -88,8 +125,10 @@ def bf16_without_tpu(parse_args_and_arch):
 def bf16_for_inference(prepare_for_inference_):
     @functools.wraps(prepare_for_inference_)
     def wrapper(self, cfg):
-        common = getattr(cfg, "common", None)
-        if getattr(common, "bf16", False) and not getattr(common, "fp16", False):
+        first = next(self.parameters(), None)
+        if _BF16_INFERENCE.get() and first is not None and first.dtype != torch.bfloat16:
+            logger.info("--bf16: casting %s to bfloat16 for inference (fairseq 0.12 alone decodes in float32; "
+                        "realformer_nmt.fairseq_patches.cpu_bf16)", type(self).__name__)
             self.to(dtype=torch.bfloat16)
         return prepare_for_inference_(self, cfg)
 
@@ -115,6 +154,9 @@ def no_fp16_on_cpu(init):
 
 _SEAMS = (
     (options, "parse_args_and_arch", bf16_without_tpu),
+    (generate, "main", notes_bf16_command_line),
+    (interactive, "main", notes_bf16_command_line),
+    (eval_lm, "main", notes_bf16_command_line),
     (BaseFairseqModel, "prepare_for_inference_", bf16_for_inference),
     (Trainer, "__init__", no_fp16_on_cpu),
 )

@@ -1,0 +1,86 @@
+"""The bf16 fix reaches only what asks for it: importing the plugin must not change the
+numerics of a command or a model that did not ask for bf16 on its own command line.
+
+* ``prepare_for_inference_`` casts to bfloat16 only inside fairseq's inference commands
+  whose command line has ``--bf16`` (and says so in one log line);
+* a checkpoint's stored training config never casts: a vanilla ``transformer`` trained
+  with ``--cpu --bf16`` loads in float32 through the hub with the plugin imported, and
+  translates exactly as with fairseq's own code;
+* turning ``--tpu`` off for ``--bf16`` is logged.
+"""
+
+import logging
+
+import pytest
+import torch
+
+from cli_helpers import TINY_FLAGS, run
+from conftest import USER_DIR, build
+from fairseq import options
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.models.transformer import TransformerModel
+from fairseq_cli import generate
+from realformer_nmt.fairseq_patches import cpu_bf16
+
+
+def inference_cfg(*flags):
+    parser = options.get_generation_parser()
+    args = options.parse_args_and_arch(parser, input_args=["/nonexistent", "--path", "x.pt", *flags])
+    return convert_namespace_to_omegaconf(args)
+
+
+def test_a_bf16_config_outside_an_inference_command_never_casts():
+    model = build()
+    model.prepare_for_inference_(inference_cfg("--cpu", "--bf16"))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize("flags,dtype", [(("--bf16",), torch.bfloat16), ((), torch.float32)])
+def test_an_inference_command_casts_only_for_its_own_bf16_flag(caplog, flags, dtype):
+    cfg = inference_cfg("--cpu", *flags)
+    model = build()
+
+    def main(cfg):  # what fairseq-generate's main does with its models
+        model.prepare_for_inference_(cfg)
+
+    with caplog.at_level(logging.INFO, logger=cpu_bf16.__name__):
+        cpu_bf16.notes_bf16_command_line(main)(cfg)
+    assert {p.dtype for p in model.parameters()} == {dtype}
+    casts = [r for r in caplog.records if "casting" in r.getMessage()]
+    assert len(casts) == (1 if dtype == torch.bfloat16 else 0)
+    # fairseq's real inference entry points carry the wrapper
+    assert getattr(generate.main, "__realformer_fixed__", False)
+
+
+def test_turning_tpu_off_for_bf16_is_logged(caplog):
+    parser = options.get_training_parser()
+    with caplog.at_level(logging.INFO, logger=cpu_bf16.__name__):
+        args = options.parse_args_and_arch(parser, input_args=["/nonexistent", "--arch", "transformer",
+                                                               "--cpu", "--bf16"])
+    assert not args.tpu
+    assert sum("--bf16 without a TPU" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.fixture(scope="module")
+def vanilla_bf16_checkpoint(data_bin, tmp_path_factory):
+    save = tmp_path_factory.mktemp("vanilla_bf16")
+    run("fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "transformer", *TINY_FLAGS,
+        "--max-update", 10, "--save-dir", save, "--bf16")
+    return save
+
+
+def test_vanilla_checkpoint_trained_with_bf16_loads_in_float32_through_the_hub(data_bin, vanilla_bf16_checkpoint):
+    hub = TransformerModel.from_pretrained(str(vanilla_bf16_checkpoint), "checkpoint_last.pt",
+                                           data_name_or_path=str(data_bin))
+    assert hub.cfg.common.bf16  # it was trained with --bf16 ...
+    assert {p.dtype for p in hub.parameters()} == {torch.float32}  # ... and loads as the user asked: float32
+    sentences = ["a b c d", "e f g"]
+    ours = hub.translate(sentences, beam=2)
+    cpu_bf16.uninstall()  # fairseq's own code, for the same weights
+    try:
+        theirs = TransformerModel.from_pretrained(str(vanilla_bf16_checkpoint), "checkpoint_last.pt",
+                                                  data_name_or_path=str(data_bin))
+        assert {p.dtype for p in theirs.parameters()} == {torch.float32}
+        assert theirs.translate(sentences, beam=2) == ours
+    finally:
+        cpu_bf16.install()
