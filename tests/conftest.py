@@ -24,6 +24,17 @@ TINY = dict(
 )
 
 
+def require_shared_data(path):
+    """Skip a test whose real corpus (under ``../shared/data``) is missing, except in CI
+    (the ``CI`` environment variable set), where the data is always provided: fail there."""
+    if os.path.isdir(path):
+        return
+    message = f"{path} not available (the real corpus this test reads)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; CI is set, where it must be present")
+    pytest.skip(message)
+
+
 def make_dictionary(n=20):
     d = Dictionary()
     for i in range(n):
