@@ -279,11 +279,11 @@ def test_kill_during_the_copy_onto_checkpoint_last_keeps_the_previous_checkpoint
 
     last = tmp_path / "checkpoint_last.pt"
     assert f"{atomic_checkpoints.PAUSE_MARKER} {last}" in log_path.read_text()
-    # killed mid-copy: the copy's temporary file is left; checkpoint_last.pt is the whole
-    # previous save, and the new checkpoint it was being replaced by is complete
-    assert (tmp_path / (last.name + atomic_checkpoints.TMP_SUFFIX)).exists()
+    # killed mid-copy: checkpoint_last.pt is the whole previous save, the new checkpoint it
+    # was being replaced by is complete, and the copy's temporary file is what is left over
     assert num_updates(load(last)) == 5
     assert num_updates(load(tmp_path / "checkpoint_1_10.pt")) == 10
+    assert (tmp_path / (last.name + atomic_checkpoints.TMP_SUFFIX)).exists()
 
     resumed = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), timeout=600)
     log = resumed.stdout + resumed.stderr
