@@ -274,7 +274,12 @@ def test_kill_during_the_copy_onto_checkpoint_last_keeps_the_previous_checkpoint
     cmd = train_cmd(data_bin, tmp_path, "--save-interval-updates", 5)
     log_path = tmp_path / "killed.log"
     proc = start(cmd, log_path, env={atomic_checkpoints.PAUSE_ENV: "checkpoint_last.pt"})
-    wait_for_line(proc, log_path, atomic_checkpoints.PAUSE_MARKER)
+    try:
+        wait_for_line(proc, log_path, atomic_checkpoints.PAUSE_MARKER)
+    except BaseException:
+        proc.kill()  # never leave a paused fairseq-train behind
+        proc.wait()
+        raise
     kill(proc)
 
     last = tmp_path / "checkpoint_last.pt"
