@@ -3,8 +3,10 @@ WikiText-2 data (built once per test session), a plain reference of the encoder,
 the fairseq-train flags of a tiny pre-training run."""
 
 import argparse
+import json
 import math
 import re
+import shutil
 import types
 
 import torch
@@ -127,11 +129,14 @@ def reference_features(model, tokens, paths, mode, pre_ln=False):
 def prepared_wikitext2(tmp_path_factory):
     """The WikiText-2 pre-training data dir (vocabulary ``TEST_VOCAB``) of this session.
 
-    ``prepare_pretraining`` is idempotent: the first caller builds it, later callers (in
-    other test modules) find it done."""
+    The first caller builds it, later callers (in other test modules) find it finished.
+    A folder a failed build left unfinished is removed and built from scratch: no test
+    reads data that an earlier failure half wrote."""
     from realformer_nmt.data import pretraining
 
     out = tmp_path_factory.getbasetemp() / "wikitext2_bert_bin"
+    if pretraining.prepared(str(out)) is None:
+        shutil.rmtree(out, ignore_errors=True)
     pretraining.prepare_pretraining(str(WIKITEXT2), str(out), vocab_size=TEST_VOCAB, log=lambda m: None)
     return out
 
@@ -182,16 +187,24 @@ def pretrain_flags(data, save_dir, task="masked_lm_nsp", criterion="masked_lm_ns
 
 def pretrained_nsp(tmp_path_factory):
     """(save_dir, log text) of a 16-update ``masked_lm_nsp`` run of ``realformer_bert_small``
-    (tiny dims) on the prepared WikiText-2; trained once per session."""
-    import json
+    (tiny dims) on the prepared WikiText-2; trained once per session.
 
+    Always a run from scratch: a folder without ``done.json`` (a run that was interrupted)
+    is removed first, never resumed; a run that failed is reported again, loudly, to
+    every later caller."""
     from cli_helpers import run
 
     data = prepared_wikitext2(tmp_path_factory)
     save = tmp_path_factory.getbasetemp() / "bert_nsp_pretrained"
-    done = save / "done.json"
+    done, log = save / "done.json", save / "train.log"
     if not done.exists():
-        proc = run("fairseq-train", *pretrain_flags(data, save))
-        (save / "train.log").write_text(proc.stdout + proc.stderr)
+        shutil.rmtree(save, ignore_errors=True)
+        proc = run("fairseq-train", *pretrain_flags(data, save), check=False)
+        save.mkdir(parents=True, exist_ok=True)
+        log.write_text(proc.stdout + proc.stderr)
         done.write_text(json.dumps({"returncode": proc.returncode}))
-    return save, (save / "train.log").read_text()
+    returncode = json.loads(done.read_text())["returncode"]
+    if returncode != 0:
+        raise AssertionError(f"the shared pre-training run of this session failed (exit code {returncode}, "
+                             f"log: {log}):\n{log.read_text()[-3000:]}")
+    return save, log.read_text()

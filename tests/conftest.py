@@ -24,6 +24,17 @@ TINY = dict(
 )
 
 
+def require_shared_data(path):
+    """Skip a test whose real corpus (under ``../shared/data``) is missing, except in CI
+    (the ``CI`` environment variable set), where the data is always provided: fail there."""
+    if os.path.isdir(path):
+        return
+    message = f"{path} not available (the real corpus this test reads)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; CI is set, where it must be present")
+    pytest.skip(message)
+
+
 def make_dictionary(n=20):
     d = Dictionary()
     for i in range(n):
@@ -58,6 +69,9 @@ def batch(dictionary, bsz=3, src_len=7, tgt_len=6, seed=1, pad_rows=True):
 def cli_env():
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
+    # scripts run as subprocesses import this checkout's realformer_nmt (the code under
+    # test), not whichever copy the venv has installed in editable mode
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     # tiny models: one intra-op thread is faster and keeps parallel runs off each other's cores
     env.setdefault("OMP_NUM_THREADS", "1")
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)

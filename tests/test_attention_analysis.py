@@ -23,6 +23,9 @@ from realformer_nmt.experiments import attention_analysis as aa
 
 SCRIPT = str(REPO / "scripts" / "analyze_attention.py")
 LN2 = math.log(2)
+# the error bound the analysis promises for every streamed median and quartile (in its
+# JSON, summary and docs): stated here, not read from the code under test
+QUANTILE_BOUND = 1e-3  # nats
 
 
 # --------------------------------------------------------------------------- formulas
@@ -65,11 +68,11 @@ def test_histogram_quantiles_are_within_one_bin_of_numpy():
         hist.add(values[:, chunk])
     qs = [0.0, 0.1, 0.25, 0.5, 0.75, 1.0]
     want = np.quantile(values, qs, axis=1).T
-    assert np.abs(hist.quantiles(qs) - want).max() <= aa.BIN_WIDTH
+    assert np.abs(hist.quantiles(qs) - want).max() <= QUANTILE_BOUND
     assert (hist.total() == 3000).all()
     assert np.array_equal(hist.min, values.min(1)) and np.array_equal(hist.max, values.max(1))
     pooled = hist.pooled([0, 2])
-    assert abs(pooled.median()[0] - np.median(values[[0, 2]])) <= aa.BIN_WIDTH
+    assert abs(pooled.median()[0] - np.median(values[[0, 2]])) <= QUANTILE_BOUND
 
 
 def test_histogram_quantiles_of_sparse_and_constant_series():
@@ -77,7 +80,7 @@ def test_histogram_quantiles_of_sparse_and_constant_series():
     hist.add(np.array([[0.0, 1.0], [0.0, 0.0], [0.3, 0.3]]))
     got = hist.quantiles((0.25, 0.5, 0.75))
     want = np.quantile(np.array([[0.0, 1.0], [0.0, 0.0], [0.3, 0.3]]), (0.25, 0.5, 0.75), axis=1).T
-    assert np.abs(got - want).max() <= aa.BIN_WIDTH
+    assert np.abs(got - want).max() <= QUANTILE_BOUND
     assert got[1].tolist() == [0.0, 0.0, 0.0]  # one-hot attention: exactly 0, not a bin centre
 
 
@@ -357,7 +360,7 @@ def test_script_compares_realformer_with_vanilla_transformer(trained, trained_va
     for t in aa.ATTENTION_TYPES:
         for stat, values in zip(aa.STATISTICS, exact[t]):
             want = np.quantile(values, aa.QUARTILES, axis=-1).transpose(1, 2, 0)
-            assert np.abs(np.array(stats[t][f"{stat}_quartiles"]) - want).max() <= aa.BIN_WIDTH + 1e-6, (t, stat)
+            assert np.abs(np.array(stats[t][f"{stat}_quartiles"]) - want).max() <= QUANTILE_BOUND + 1e-6, (t, stat)
     assert exact["encoder_self"][0].shape[-1] == json.loads((out / "run.json").read_text())[
         "models"][0]["tokens"]["encoder_self"]
 

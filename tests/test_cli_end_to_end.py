@@ -66,14 +66,19 @@ def test_layerdrop_trains_and_generates(data_bin, tmp_path):
     assert sum(line.startswith("H-") for line in proc.stdout.splitlines()) == 40
 
 
+WARM_UPDATES, LR = 5, 1e-3  # TINY_FLAGS: Adam, constant lr 1e-3
+
+
 def test_finetune_realformer_from_vanilla_transformer_checkpoint(data_bin, tmp_path):
     vanilla = tmp_path / "vanilla"
+    # another seed than the warm run's (TINY_FLAGS: --seed 1), so that a RealFormer left at
+    # its own initialisation would not start from the vanilla model's initial weights
     run("fairseq-train", data_bin, "--arch", "transformer", "--user-dir", USER_DIR,
-        "--max-update", 10, "--save-dir", vanilla, *TINY_FLAGS)
+        "--max-update", 10, "--save-dir", vanilla, *TINY_FLAGS, "--seed", 2)
     warm = tmp_path / "warm"
     proc = run(
         "fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
-        "--finetune-from-model", vanilla / "checkpoint_last.pt", "--max-update", 5,
+        "--finetune-from-model", vanilla / "checkpoint_last.pt", "--max-update", WARM_UPDATES,
         "--save-dir", warm, *TINY_FLAGS,
     )
     log = proc.stdout + proc.stderr
@@ -81,6 +86,11 @@ def test_finetune_realformer_from_vanilla_transformer_checkpoint(data_bin, tmp_p
     vanilla_state = torch.load(vanilla / "checkpoint_last.pt")["model"]
     warm_state = torch.load(warm / "checkpoint_last.pt")["model"]
     assert set(vanilla_state) == set(warm_state)
+    # the warm start began from the vanilla weights: 5 Adam steps of lr 1e-3 move a weight
+    # by at most ~5e-3 (an Adam step is about lr per weight), while another seed's
+    # initialisation differs from the vanilla weights by ~0.1-1 in every matrix
+    for name, weight in vanilla_state.items():
+        assert (warm_state[name] - weight).abs().max() <= 2 * WARM_UPDATES * LR, name
 
 
 def test_hub_interface_loads_and_translates(data_bin, trained):

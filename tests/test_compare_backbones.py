@@ -17,7 +17,7 @@ import sys
 import pytest
 import sacrebleu
 
-from conftest import BIN, REPO, USER_DIR, cli_env
+from conftest import BIN, REPO, USER_DIR, cli_env, require_shared_data
 from realformer_nmt.data import multi30k, pipeline
 from realformer_nmt.errors import ConfigError
 from realformer_nmt.experiments import compare, fairseq_runs
@@ -34,8 +34,7 @@ def _quiet(message):
 def m30k_slice(tmp_path_factory):
     """The first sentences of the real Multi30k splits: SentencePiece (vocab 200) + fairseq-preprocess,
     laid out as scripts/prepare_data.py does (prepare.json names the raw text)."""
-    if not MULTI30K.is_dir():
-        pytest.skip(f"{MULTI30K} not available")
+    require_shared_data(MULTI30K)
     dest = tmp_path_factory.mktemp("m30k_slice")
     raw, spm_dir = dest / "work" / "raw", dest / "work" / "spm"
     sizes = {"train": 300, "valid": 24, "test": 20}

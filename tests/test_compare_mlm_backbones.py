@@ -4,11 +4,14 @@ fairseq-validate's own count, reuse of finished runs."""
 
 import json
 import math
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+from fairseq.data import Dictionary, data_utils
 from realformer_nmt.experiments import mlm_compare
 
 from bert_helpers import prepared_wikitext2
@@ -28,6 +31,23 @@ def wikitext2(tmp_path_factory):
     return prepared_wikitext2(tmp_path_factory)
 
 
+def validate_summary(log_text):
+    """The numbers of fairseq-validate's summary line (``valid on 'valid' subset | loss 7.9 | ...``)."""
+    lines = [line for line in log_text.splitlines() if "valid on 'valid' subset |" in line]
+    assert len(lines) == 1, lines
+    return {k: float(v) for k, v in re.findall(r"\| (\w+) ([-\d.e]+)(?= \||$)", lines[0])}
+
+
+def whole_validation_set(data, tokens_per_sample):
+    """(blocks, tokens) of the masked-LM validation set as fairseq's masked_lm task makes it
+    from ``valid.bin`` (default ``--sample-break-mode none``): the text in one stream, cut
+    into blocks of ``tokens_per_sample - 1`` pieces, each with ``<s>`` in front."""
+    dataset = data_utils.load_indexed_dataset(str(data / "valid"), Dictionary.load(str(data / "dict.txt")))
+    pieces = int(np.array(dataset.sizes).sum())
+    blocks = -(-pieces // (tokens_per_sample - 1))
+    return blocks, pieces + blocks
+
+
 def test_mlm_comparison_writes_results_then_reuses_finished_runs(wikitext2, tmp_path):
     out, results = tmp_path / "runs", tmp_path / "results" / "mlm.json"
     messages = []
@@ -42,11 +62,13 @@ def test_mlm_comparison_writes_results_then_reuses_finished_runs(wikitext2, tmp_
         assert [u for u, _ in entry["curve"]] == [3, 6]
         assert all(math.isfinite(v) for _, v in entry["curve"] + entry["loss_curve"])
         run = json.loads((out / backbone / "seed1" / "result.json").read_text())
-        # the reported accuracy is fairseq-validate's count over the whole validation set
+        # the reported accuracy is the one fairseq-validate printed, counted over the whole
+        # validation set (fairseq-validate sums its batches: bsz / wpb are the totals)
         full = run["full_valid"]
-        assert full["mlm_accuracy"] == entry["mlm_accuracy"]
-        validate_log = (out / backbone / "seed1" / "validate.log").read_text()
-        assert "valid on 'valid' subset" in validate_log and "--max-valid-steps" not in full["command"]
+        printed = validate_summary((out / backbone / "seed1" / "validate.log").read_text())
+        assert entry["mlm_accuracy"] == pytest.approx(printed["mlm_accuracy"], abs=1e-9)
+        assert (printed["bsz"], printed["wpb"]) == whole_validation_set(wikitext2, tiny_recipe().tokens_per_sample)
+        assert "--max-valid-steps" not in full["command"]
         cmd = run["command"]
         assert cmd[cmd.index("--user-dir") + 1] == USER_DIR
         del cmd[cmd.index("--save-dir"):cmd.index("--save-dir") + 2]

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from conftest import require_shared_data
 from realformer_nmt.data import multi30k, pipeline, synthetic_en_de
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,8 +118,8 @@ def _write_gz(path, text):
         f.write(text.encode("utf-8"))
 
 
-@pytest.mark.skipif(not os.path.isdir(MULTI30K_DIR), reason=f"no local Multi30k copy at {MULTI30K_DIR}")
 def test_multi30k_from_local_gz(tmp_path):
+    require_shared_data(MULTI30K_DIR)
     report = multi30k.load_multi30k(str(tmp_path), raw_dir=MULTI30K_DIR)
     expected = {"train": 29000, "valid": 1014, "test": 1000}
     for split, n in expected.items():

@@ -1,11 +1,20 @@
 """fairseq_patches: installed from one place, once; the numpy 2 alias fix."""
 
+import atexit
+
 import numpy as np
 import torch
 
-from fairseq.data import LanguagePairDataset, TokenBlockDataset
+import fairseq_cli.interactive
+from fairseq import checkpoint_utils, options
+from fairseq.data import LanguagePairDataset, TokenBlockDataset, bucket_pad_length_dataset, data_utils, iterators
+from fairseq.file_io import PathManager
+from fairseq.models.fairseq_model import BaseFairseqModel
+from fairseq.tasks.translation import TranslationTask
+from fairseq.trainer import Trainer
 
 from realformer_nmt import fairseq_patches
+from realformer_nmt.fairseq_patches import interactive_utf8, numpy2_compat
 
 from conftest import make_dictionary
 
@@ -17,11 +26,61 @@ def test_every_patch_module_documents_its_bug_and_when_to_drop_it():
         assert callable(patch.install), patch.__name__
 
 
-def test_install_all_is_idempotent():
-    before = np.compat.long
+def replaced_objects():
+    """What each patch puts in place, read where fairseq (or numpy) looks it up."""
+    return {
+        "safe_checkpoint_loading": (checkpoint_utils.load_checkpoint_to_cpu,
+                                    checkpoint_utils.load_model_ensemble_and_task),
+        "atomic_checkpoint_copies": (PathManager.__dict__["copy"].__func__,),
+        "keep_last_batch": (data_utils.batch_by_size,),
+        "interactive_utf8": (fairseq_cli.interactive.buffered_read,),
+        "batch_thread_exit": (iterators.BufferedIterator.__dict__["_create_consumer"],),
+        "data_dir_checks": (TranslationTask.__dict__["setup_task"].__func__,),
+        "cpu_bf16": (options.parse_args_and_arch, BaseFairseqModel.__dict__["prepare_for_inference_"],
+                     Trainer.__dict__["__init__"]),
+        "numpy2_compat": (np.compat, np.compat.long, data_utils.get_buckets, bucket_pad_length_dataset.get_buckets),
+    }
+
+
+def test_install_all_again_replaces_nothing():
+    """``import realformer_nmt`` installed every patch; installing again (twice) leaves
+    every replaced object as it is: no second wrapper, no second exit hook, no second
+    allow-list entry."""
+    # the patches are in place (an install_all that did nothing would pass trivially below)
+    assert checkpoint_utils.load_checkpoint_to_cpu.__realformer_safe__
+    assert PathManager.copy.__realformer_atomic__
+    assert data_utils.batch_by_size.__realformer_fixed__
+    assert fairseq_cli.interactive.buffered_read.__module__ == interactive_utf8.__name__
+    assert iterators.BufferedIterator._create_consumer.__realformer_fixed__
+    assert TranslationTask.setup_task.__func__._checks_data
+    assert np.compat.long is np.int64
+    before = replaced_objects()
+    assert set(before) == {patch.__name__.rsplit(".", 1)[1] for patch in fairseq_patches.PATCHES}
+    exit_hooks = atexit._ncallbacks()
+    safe_globals = list(torch.serialization.get_safe_globals())
+
     fairseq_patches.install_all()
     fairseq_patches.install_all()
-    assert np.compat.long is before
+
+    after = replaced_objects()
+    replaced_again = [name for name, objects in before.items()
+                      if any(a is not b for a, b in zip(after[name], objects))]
+    assert not replaced_again
+    assert atexit._ncallbacks() == exit_hooks  # batch_thread_exit's hook registered once
+    assert torch.serialization.get_safe_globals() == safe_globals
+    assert not getattr(data_utils.batch_by_size.__wrapped__, "__realformer_fixed__", False)  # wrapped once
+    assert not getattr(iterators.BufferedIterator._create_consumer.__wrapped__, "__realformer_fixed__", False)
+
+
+def test_numpy2_alias_is_created_once_where_numpy_lacks_it(monkeypatch):
+    """numpy >= 2 has no ``numpy.compat``: install defines ``numpy.compat.long`` as
+    ``numpy.int64`` (what it was on 64-bit Linux); a second install keeps that module."""
+    monkeypatch.delattr(np, "compat", raising=False)  # restored after the test
+    numpy2_compat.install()
+    created = np.compat
+    assert created.long is np.int64
+    numpy2_compat.install()
+    assert np.compat is created and np.compat.long is np.int64
 
 
 def test_token_blocks_break_at_eos_under_numpy_2():

@@ -24,37 +24,34 @@ def reference_logits(model, src, tgt, paths, mode, pre_ln=False):
     return enc, feats @ dec_m.output_projection.weight.t()
 
 
+LAYER_NORMS = {"post-ln": False, "pre-ln": True}
+
+
+def build_ln(dictionary, ln, **overrides):
+    pre_ln = LAYER_NORMS[ln]
+    return build(dictionary=dictionary, encoder_normalize_before=pre_ln, decoder_normalize_before=pre_ln,
+                 **overrides)
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("ln", LAYER_NORMS)
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 @pytest.mark.parametrize("paths", PATH_SETS)
-def test_model_matches_paper_formula(dictionary, paths, mode, kernel):
+def test_model_matches_paper_formula(dictionary, paths, mode, ln, kernel):
     """In training mode (dropout is 0 here) every path runs the chosen kernel; in
     eval mode fairseq asks every cross-attention for weights, which materializes."""
-    model = build(dictionary=dictionary, residual_attention_paths=paths, residual_attention_mode=mode,
-                  residual_attention_kernel=kernel).train()
+    model = build_ln(dictionary, ln, residual_attention_paths=paths, residual_attention_mode=mode,
+                     residual_attention_kernel=kernel).train()
     src, lengths, tgt = batch(dictionary)
     want_paths = set() if paths == "none" else set(paths.split(","))
     with torch.no_grad():
         enc_out = model.encoder(src, lengths)
         logits, _ = model(src, lengths, tgt)
-        want_enc, want_logits = reference_logits(model, src, tgt, want_paths, mode)
+        want_enc, want_logits = reference_logits(model, src, tgt, want_paths, mode, LAYER_NORMS[ln])
     got_enc = enc_out["encoder_out"][0].transpose(0, 1)
     real = ~src.eq(dictionary.pad())  # padded encoder rows are never read
     assert (got_enc - want_enc)[real].abs().max() < 1e-5
     assert (logits - want_logits).abs().max() < 1e-5
-
-
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_pre_ln_backbone_matches_paper_formula(dictionary, kernel):
-    model = build(
-        dictionary=dictionary, encoder_normalize_before=True, decoder_normalize_before=True,
-        residual_attention_kernel=kernel,
-    ).train()
-    src, lengths, tgt = batch(dictionary)
-    with torch.no_grad():
-        logits, _ = model(src, lengths, tgt)
-        _, want = reference_logits(model, src, tgt, {"encoder", "decoder", "cross"}, "sum", pre_ln=True)
-    assert (logits - want).abs().max() < 1e-5
 
 
 def test_residual_paths_change_the_output(dictionary):
@@ -77,15 +74,21 @@ def test_mean_mode_differs_from_sum(dictionary):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("ln", LAYER_NORMS)
 @pytest.mark.parametrize("mode", ["sum", "mean"])
-def test_gradients_match_paper_formula(dictionary, mode, kernel):
-    """Training sees the same gradients as the formula written out (dropout off)."""
-    model = build(dictionary=dictionary, residual_attention_mode=mode, residual_attention_kernel=kernel).train()
+@pytest.mark.parametrize("paths", PATH_SETS)
+def test_gradients_match_paper_formula(dictionary, paths, mode, ln, kernel):
+    """Training sees the same gradients as the formula written out (dropout off), for
+    every parameter, whichever paths carry residual scores."""
+    model = build_ln(dictionary, ln, residual_attention_paths=paths, residual_attention_mode=mode,
+                     residual_attention_kernel=kernel).train()
     src, lengths, tgt = batch(dictionary)
+    want_paths = set() if paths == "none" else set(paths.split(","))
     model(src, lengths, tgt)[0].pow(2).mean().backward()
-    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    # a parameter the gradient does not reach counts as a zero gradient (and differs below)
+    got = {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    _, want = reference_logits(model, src, tgt, {"encoder", "decoder", "cross"}, mode)
+    _, want = reference_logits(model, src, tgt, want_paths, mode, LAYER_NORMS[ln])
     want.pow(2).mean().backward()
     for name, p in model.named_parameters():
         assert (got[name] - p.grad).abs().max() < 1e-5, name

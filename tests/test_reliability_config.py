@@ -8,12 +8,17 @@ from conftest import USER_DIR
 
 
 def assert_one_line_error(proc, *words):
+    """Exit non-zero with exactly one error line, the last line written (nothing of the
+    message continues below it; argparse's usage block and library warnings may come
+    before it), naming every one of ``words``."""
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
-    error_lines = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
-    assert error_lines, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    error_lines = [line for line in lines if "error" in line.lower()]
+    assert len(error_lines) == 1, error_lines or proc.stderr[-2000:]
+    assert lines[-1] == error_lines[0], f"lines after the error: {lines[lines.index(error_lines[0]) + 1:]}"
     for word in words:
-        assert word in error_lines[-1], error_lines[-1]
+        assert word in error_lines[0], error_lines[0]
 
 
 @pytest.mark.parametrize(

@@ -85,10 +85,12 @@ def trained(preprocessed, tmp_path_factory):
     return save / "checkpoint_last.pt", proc.stdout + proc.stderr
 
 
-def generate(data_bin, ckpt, *flags, check=True):
+def generate(data_bin, ckpt, *flags, check=True, batch_size=16):
+    """fairseq-generate on the test split (``batch_size=None``: fairseq's default batching)."""
+    batching = [] if batch_size is None else ["--batch-size", batch_size]
     return run(
         "fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", ckpt,
-        "--gen-subset", "test", "--beam", 2, "--cpu", "--batch-size", 16, *flags, check=check,
+        "--gen-subset", "test", "--beam", 2, "--cpu", *batching, *flags, check=check,
     )
 
 
@@ -174,11 +176,20 @@ def test_generate_without_the_skip_flag_stops_with_one_clear_message(preprocesse
 
 
 def test_generate_translates_every_valid_sentence_with_default_batching(preprocessed, trained):
+    """No --batch-size / --max-tokens: fairseq-generate's defaults (--max-tokens 12000,
+    --required-batch-size-multiple 8), one batch of the 37 valid test sentences here, of
+    which fairseq's own batch_by_size keeps 32 (the multiple of 8): the patch keeps all."""
     data_bin, _ = preprocessed
     ckpt, _ = trained
-    proc = generate(data_bin, ckpt, "--skip-invalid-size-inputs-valid-test")
-    hyps = lines_with("H", proc.stdout)  # measured: 32 of the 37
-    assert set(hyps) == set(range(N_LINES["test"])) - set(LONG_IDS["test"])
+    valid = sorted(set(range(N_LINES["test"])) - set(LONG_IDS["test"]))
+    fairseqs_own = getattr(data_utils.batch_by_size, "__wrapped__", data_utils.batch_by_size)
+    unpatched = fairseqs_own(np.array(valid, dtype=np.int64), lambda i: 16, max_tokens=12000,
+                             required_batch_size_multiple=8)
+    assert sum(len(b) for b in unpatched) == 32  # what the patch has to put back: 5 sentences
+    proc = generate(data_bin, ckpt, "--skip-invalid-size-inputs-valid-test", batch_size=None)
+    assert "'max_tokens': 12000" in proc.stdout + proc.stderr  # fairseq-generate's default, logged
+    hyps = lines_with("H", proc.stdout)
+    assert sorted(hyps) == valid
 
 
 @pytest.mark.parametrize("n", [5, 13, 37])

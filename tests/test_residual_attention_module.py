@@ -29,14 +29,19 @@ def raw_scores(m, x):
     return q @ k.transpose(-1, -2) / math.sqrt(d)
 
 
+def randn(*shape, seed, requires_grad=False):
+    """Inputs from their own generator: the same numbers whatever ran before."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).requires_grad_(requires_grad)
+
+
 @pytest.fixture
 def x():
-    return torch.randn(T, B, C, generator=torch.Generator().manual_seed(1))
+    return randn(T, B, C, seed=1)
 
 
 def test_returns_unmasked_running_sum(x):
     m = module()
-    prev = torch.randn(B, H, T, T)
+    prev = randn(B, H, T, T, seed=2)
     pad = torch.zeros(B, T, dtype=torch.bool)
     pad[0, :2] = True
     causal = torch.full((T, T), float("-inf")).triu(1)
@@ -53,7 +58,7 @@ def test_returns_unmasked_running_sum(x):
 def test_probabilities_are_softmax_of_masked_sum_over_c_n(x, mode, n):
     """c_n is the number of layers in the sum: the previous state's count plus one."""
     m = module(mode)
-    prev = torch.randn(B, H, T, T)
+    prev = randn(B, H, T, T, seed=3)
     pad = torch.zeros(B, T, dtype=torch.bool)
     pad[1, 0] = True
     state = ResidualState.of_scores(prev, terms=n - 1) if n > 1 else None
@@ -177,10 +182,10 @@ def test_unknown_mode_and_kernel_are_rejected():
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_gradients_flow_through_the_residual(x, kernel):
     m = module(kernel=kernel).train()
-    prev = torch.randn(B, H, T, T, requires_grad=True)
+    prev = randn(B, H, T, T, seed=4, requires_grad=True)
     state = ResidualState.of_scores(prev)
     if kernel == "fused":
-        q, k = torch.randn(B, H, T, 4, requires_grad=True), torch.randn(B, H, T, 4, requires_grad=True)
+        q, k = randn(B, H, T, 4, seed=5, requires_grad=True), randn(B, H, T, 4, seed=6, requires_grad=True)
         state, prev = ResidualState(queries=(q,), keys=(k,), terms=1), q
     out, _, new = m(x, x, x, prev_state=state, need_weights=False)
     (out.sum() + new.running_sum().sum()).backward()
@@ -194,7 +199,7 @@ def test_fused_kernel_stores_no_t_by_s_tensor(masks):
     materialized kernel keeps scores. fairseq's causal mask with right-padded keys (its
     target batches) runs as SDPA's is_causal, without a mask."""
     T_long, bsz = 64, 2
-    xin = torch.randn(T_long, bsz, C, requires_grad=True)
+    xin = randn(T_long, bsz, C, seed=7, requires_grad=True)
     pad = torch.zeros(bsz, T_long, dtype=torch.bool)
     pad[1, -5:] = True
     causal = torch.full((T_long, T_long), float("-inf")).triu(1) if "causal" in masks else None
