@@ -5,8 +5,12 @@ import atexit
 import numpy as np
 import torch
 
+import fairseq_cli.eval_lm
+import fairseq_cli.generate
 import fairseq_cli.interactive
 from fairseq import checkpoint_utils, options
+from fairseq.distributed import utils as distributed_utils
+from fairseq.models import distributed_fairseq_model
 from fairseq.data import LanguagePairDataset, TokenBlockDataset, bucket_pad_length_dataset, data_utils, iterators
 from fairseq.file_io import PathManager
 from fairseq.models.fairseq_model import BaseFairseqModel
@@ -37,8 +41,11 @@ def replaced_objects():
         "batch_thread_exit": (iterators.BufferedIterator.__dict__["_create_consumer"],),
         "data_dir_checks": (TranslationTask.__dict__["setup_task"].__func__,),
         "cpu_bf16": (options.parse_args_and_arch, BaseFairseqModel.__dict__["prepare_for_inference_"],
-                     Trainer.__dict__["__init__"]),
+                     Trainer.__dict__["__init__"], fairseq_cli.generate.main, fairseq_cli.interactive.main,
+                     fairseq_cli.eval_lm.main),
         "numpy2_compat": (np.compat, np.compat.long, data_utils.get_buckets, bucket_pad_length_dataset.get_buckets),
+        "epoch_workers": (iterators.EpochBatchIterator.__dict__["next_epoch_itr"],),
+        "cpu_distributed": (distributed_fairseq_model.DistributedDataParallel, distributed_utils.call_main),
     }
 
 
@@ -54,6 +61,9 @@ def test_install_all_again_replaces_nothing():
     assert iterators.BufferedIterator._create_consumer.__realformer_fixed__
     assert TranslationTask.setup_task.__func__._checks_data
     assert np.compat.long is np.int64
+    assert iterators.EpochBatchIterator.next_epoch_itr.__realformer_fixed__
+    assert fairseq_cli.generate.main.__realformer_fixed__
+    assert distributed_fairseq_model.DistributedDataParallel.__realformer_fixed__
     before = replaced_objects()
     assert set(before) == {patch.__name__.rsplit(".", 1)[1] for patch in fairseq_patches.PATCHES}
     exit_hooks = atexit._ncallbacks()
@@ -70,6 +80,8 @@ def test_install_all_again_replaces_nothing():
     assert torch.serialization.get_safe_globals() == safe_globals
     assert not getattr(data_utils.batch_by_size.__wrapped__, "__realformer_fixed__", False)  # wrapped once
     assert not getattr(iterators.BufferedIterator._create_consumer.__wrapped__, "__realformer_fixed__", False)
+    assert not getattr(iterators.EpochBatchIterator.next_epoch_itr.__wrapped__, "__realformer_fixed__", False)
+    assert not getattr(fairseq_cli.generate.main.__wrapped__, "__realformer_fixed__", False)
 
 
 def test_numpy2_alias_is_created_once_where_numpy_lacks_it(monkeypatch):
