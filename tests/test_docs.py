@@ -1,0 +1,542 @@
+"""The README and docs/ stay true to the code: links resolve, and the commands they show
+run as written, as far as that can be checked in seconds without training anything.
+
+* every relative link (and image) in README.md and docs/*.md points to an existing file
+  or folder, and a ``#heading`` anchor to a heading of that page (GitHub's anchor rule);
+* every ``python scripts/<name>.py`` named anywhere exists and answers ``--help`` with
+  exit status 0 (and so does every ``python -m realformer_nmt...`` module named);
+* every command in a ```bash block that runs ``python scripts/X.py`` or
+  ``python -m realformer_nmt.X`` gets its arguments accepted by that script's own parser
+  (its ``parse_args(argv)`` with the script's own checks, or ``main(argv)`` stopped right
+  after argparse), and every ``fairseq-train/-generate/-interactive/-preprocess/-validate/
+  -eval-lm`` command gets its flags accepted by fairseq's own parser with the plugin loaded
+  (``options.parse_args_and_arch``: data paths need not exist), and RealFormer's flag
+  values by ``residual_config.resolve``;
+* every ``make <target>`` named exists in the Makefile; every ``scripts/``, ``tests/`` and
+  ``realformer_nmt/`` file named exists;
+* ```python blocks compile; the README stays a front page (at most 250 lines).
+
+How commands are read from a bash block: lines ending in ``\\`` are joined, ``# comments``
+dropped, a line is cut at ``;``, ``&&``, ``||``, ``|`` and ``&``; leading ``VAR=value``
+assignments, ``do``/``then`` and ``export`` are set aside, and ``$VAR`` takes the value
+the block gave it (``DIR=...``, ``export A=... B=...``, ``for R in 0 1`` -> 0). A ``...``
+argument stands for "more of the same" and is left out; a command with an ``<angle>``
+placeholder is skipped, as are ``fairseq-hydra-train`` (Hydra overrides, not flags) and
+commands after a redirection (``>``, ``<``) in the same line part.
+"""
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PAGES = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
+README_MAX_LINES = 250
+
+FAIRSEQ_TOOLS = ("fairseq-train", "fairseq-generate", "fairseq-interactive", "fairseq-preprocess",
+                 "fairseq-validate", "fairseq-eval-lm")
+SKIPPED_TOOLS = ("fairseq-hydra-train",)
+PYTHONS = ("python", "python3", "python3.11", ".venv/bin/python")
+
+
+def rel(path):
+    return str(Path(path).relative_to(REPO))
+
+
+# --------------------------------------------------------------------------------------
+# Reading markdown: fenced blocks, prose, headings, links
+# --------------------------------------------------------------------------------------
+
+FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
+
+
+def split_markdown(text):
+    """``(blocks, prose)``: ``blocks`` = [(language, first line number, code)], ``prose`` =
+    the text outside fenced blocks (fence lines blanked, so line numbers stay)."""
+    blocks, prose, lines = [], [], text.split("\n")
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            prose.append(lines[i])
+            i += 1
+            continue
+        fence, lang, start = m.group(2), m.group(3).strip().lower(), i + 1
+        body = []
+        i += 1
+        while i < len(lines) and not lines[i].strip().startswith(fence):
+            body.append(lines[i])
+            i += 1
+        blocks.append((lang, start + 1, "\n".join(body)))
+        prose.extend([""] * (len(body) + 2))
+        i += 1
+    return blocks, "\n".join(prose)
+
+
+def slug(heading):
+    """GitHub's anchor for a heading: lower case, markup and punctuation dropped, spaces -> '-'."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links keep their text
+    text = text.strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(page):
+    _, prose = split_markdown(page.read_text(encoding="utf-8"))
+    seen, out = {}, set()
+    for line in prose.split("\n"):
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            base = slug(m.group(1))
+            n = seen.get(base, 0)
+            out.add(base if n == 0 else f"{base}-{n}")
+            seen[base] = n + 1
+    return out
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def links(page):
+    """``(line, target)`` of every markdown link and image outside code."""
+    _, prose = split_markdown(page.read_text(encoding="utf-8"))
+    prose = re.sub(r"`[^`\n]*`", lambda m: " " * len(m.group(0)), prose)  # inline code is not a link
+    for number, line in enumerate(prose.split("\n"), 1):
+        for m in LINK.finditer(line):
+            yield number, m.group(1)
+
+
+def link_problems(page):
+    problems = []
+    for line, target in links(page):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        where = f"{rel(page)}:{line}: {target}"
+        if not dest.exists():
+            problems.append(f"{where}: no such file {rel(dest) if dest.is_relative_to(REPO) else dest}")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            problems.append(f"{where}: no heading with anchor #{anchor} in {rel(dest)}")
+    return problems
+
+
+# --------------------------------------------------------------------------------------
+# Reading commands out of bash blocks
+# --------------------------------------------------------------------------------------
+
+SEPARATORS = {";", "&&", "||", "|", "&", ";;"}
+REDIRECTIONS = re.compile(r"^(<|<<|\d?>.*|&>.*)$")  # <, >, >>, 2>, >file (a <placeholder> is not one)
+PLACEHOLDER = re.compile(r"^<[^<>]+>$")
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
+
+
+def logical_lines(code):
+    """Lines of a shell block with ``\\`` continuations joined and quotes spanning lines kept
+    together."""
+    out, pending = [], ""
+    for line in code.split("\n"):
+        if pending:
+            pending += ("\n" if not pending.endswith(" ") else "") + line
+        else:
+            pending = line
+        if pending.rstrip().endswith("\\"):
+            pending = pending.rstrip()[:-1] + " "
+            continue
+        try:
+            shlex.split(pending, comments=True)
+        except ValueError:  # an open quote: the string goes on on the next line
+            continue
+        out.append(pending)
+        pending = ""
+    if pending.strip():
+        out.append(pending)
+    return out
+
+
+def tokens(line):
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    return list(lexer)
+
+
+def commands(code):
+    """Every simple command of a bash block: ``(words, text)`` with variables substituted,
+    assignments / ``do`` / ``then`` removed; ``words`` is None for a skipped command."""
+    variables = {}
+    for line in logical_lines(code):
+        words = tokens(line)
+        parts, part = [], []
+        for word in words:
+            if word in SEPARATORS:
+                parts.append(part)
+                part = []
+            else:
+                part.append(word)
+        parts.append(part)
+        for part in parts:
+            while part and part[0] in ("do", "then", "else", "{", "(", "done", "fi", "}"):
+                part = part[1:]
+            if not part:
+                continue
+            if part[0] == "for" and len(part) >= 4 and part[2] == "in":
+                variables[part[1]] = part[3]
+                continue
+            if part[0] == "export":
+                part = part[1:]
+            while part and ASSIGNMENT.match(part[0]):
+                name, _, value = part[0].partition("=")
+                variables[name] = VARIABLE.sub(lambda m: variables.get(m.group(1), m.group(0)), value)
+                part = part[1:]
+            if not part:
+                continue
+            if any(PLACEHOLDER.match(w) for w in part):
+                yield None, " ".join(part)  # a placeholder: nothing to check
+                continue
+            cut = next((i for i, w in enumerate(part) if REDIRECTIONS.match(w)), len(part))
+            part = [VARIABLE.sub(lambda m: variables.get(m.group(1), m.group(1).lower()), w) for w in part[:cut]]
+            text = " ".join(part)
+            yield [w for w in part if w != "..."], text
+
+
+def bash_commands():
+    """``(page, line, words, text)`` for every command of every bash block."""
+    for page in PAGES:
+        blocks, _ = split_markdown(page.read_text(encoding="utf-8"))
+        for lang, line, code in blocks:
+            if lang in ("bash", "sh", "shell", "console"):
+                for words, text in commands(code):
+                    yield page, line, words, text
+
+
+def invocation(words):
+    """What a command runs: ``("script", name, args)``, ``("module", name, args)``,
+    ``("fairseq", tool, args)``, ``("make", target, args)`` or None."""
+    if not words:
+        return None
+    head = words[0]
+    if head in PYTHONS and len(words) > 1:
+        if words[1] == "-m" and len(words) > 2 and words[2].startswith("realformer_nmt"):
+            return "module", words[2], words[3:]
+        m = re.match(r"^scripts/([\w-]+)\.py$", words[1])
+        if m:
+            return "script", m.group(1), words[2:]
+        return None
+    if head in FAIRSEQ_TOOLS:
+        return "fairseq", head, words[1:]
+    if head == "make":
+        targets = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        return "make", (targets[0] if targets else None), words[1:]
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Parsing arguments the way the tools do
+# --------------------------------------------------------------------------------------
+
+class ArgumentRefused(Exception):
+    pass
+
+
+class _Parsed(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def argparse_raises(stop_after_parse=False):
+    """argparse errors raise ArgumentRefused (message kept) instead of printing and exiting;
+    with ``stop_after_parse``, a successful ``parse_args`` raises _Parsed. Parsers built
+    meanwhile take no abbreviations: a doc spells every flag out (``--max-upd`` would stop
+    working the day another ``--max-upd...`` flag is added)."""
+    original_error, original_parse = argparse.ArgumentParser.error, argparse.ArgumentParser.parse_args
+    original_init = argparse.ArgumentParser.__init__
+
+    def init(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        original_init(self, *args, **kwargs)
+
+    def error(self, message):
+        raise ArgumentRefused(message)
+
+    def parse_args(self, args=None, namespace=None):
+        result = original_parse(self, args, namespace)
+        raise _Parsed(result)
+
+    argparse.ArgumentParser.error = error
+    argparse.ArgumentParser.__init__ = init
+    if stop_after_parse:
+        argparse.ArgumentParser.parse_args = parse_args
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = original_error
+        argparse.ArgumentParser.parse_args = original_parse
+        argparse.ArgumentParser.__init__ = original_init
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(f"_docs_script_{name}", REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_python_args(module, args):
+    """None if ``module``'s own parser accepts ``args``, else the parser's message."""
+    try:
+        if hasattr(module, "parse_args"):
+            with argparse_raises():
+                module.parse_args([str(a) for a in args])
+        else:
+            with argparse_raises(stop_after_parse=True):
+                module.main([str(a) for a in args])
+            return "main() did not parse its arguments first"
+    except _Parsed:
+        return None
+    except ArgumentRefused as exc:
+        return str(exc)
+    except SystemExit as exc:
+        return f"exit {exc.code}"
+    return None
+
+
+def check_fairseq_args(tool, args):
+    """None if fairseq's parser for ``tool`` accepts ``args`` (and RealFormer's flag values
+    are valid), else the message."""
+    from fairseq import options
+
+    from realformer_nmt import residual_config
+    from realformer_nmt.errors import ConfigError
+
+    parsers = {
+        "fairseq-train": options.get_training_parser,
+        "fairseq-generate": options.get_generation_parser,
+        "fairseq-interactive": options.get_interactive_generation_parser,
+        "fairseq-validate": options.get_validation_parser,
+        "fairseq-eval-lm": options.get_eval_lm_parser,
+        "fairseq-preprocess": options.get_preprocessing_parser,
+    }
+    parser = parsers[tool]()
+    try:
+        with argparse_raises():
+            if tool == "fairseq-preprocess":
+                parsed = parser.parse_args(args)
+            else:
+                parsed = options.parse_args_and_arch(parser, args)
+        arch = getattr(parsed, "arch", None) or ""
+        if arch.startswith("realformer"):
+            available = ("encoder",) if arch.startswith("realformer_bert") else residual_config.PATHS
+            residual_config.resolve(parsed, available)
+    except ArgumentRefused as exc:
+        return str(exc)
+    except ConfigError as exc:
+        return str(exc)
+    except SystemExit as exc:
+        return f"exit {exc.code}"
+    return None
+
+
+def makefile_targets():
+    text = (REPO / "Makefile").read_text(encoding="utf-8")
+    targets = set()
+    for line in text.split("\n"):
+        m = re.match(r"^([A-Za-z0-9_.%/-][A-Za-z0-9_.%/ -]*):(?!=)", line)
+        if m:
+            targets.update(m.group(1).split())
+    return targets
+
+
+def all_text():
+    return [(page, page.read_text(encoding="utf-8")) for page in PAGES]
+
+
+# --------------------------------------------------------------------------------------
+# The tests
+# --------------------------------------------------------------------------------------
+
+def test_docs_pages_exist_and_readme_is_a_front_page():
+    names = {p.name for p in PAGES}
+    for page in ("translation.md", "bert.md", "results.md", "performance.md", "reliability.md",
+                 "development.md"):
+        assert page in names, f"docs/{page} is missing"
+    lines = len((REPO / "README.md").read_text(encoding="utf-8").splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; keep the front page under {README_MAX_LINES}"
+
+
+def test_every_relative_link_resolves():
+    problems = [p for page in PAGES for p in link_problems(page)]
+    assert not problems, "broken links:\n" + "\n".join(problems)
+
+
+def test_every_named_repository_file_exists():
+    problems = []
+    pattern = re.compile(r"(?<![\w./-])((?:scripts|tests|realformer_nmt)/[\w./*-]*\w\.(?:py|sh))(?![\w/])")
+    for page, text in all_text():
+        for m in pattern.finditer(text):
+            name = m.group(1)
+            if "fairseq's" in text[max(0, m.start() - 12):m.start()]:
+                continue  # a file of fairseq's repository, not of this one
+            found = list(REPO.glob(name)) if "*" in name else [REPO / name] if (REPO / name).exists() else []
+            if not found:
+                line = text.count("\n", 0, m.start()) + 1
+                problems.append(f"{rel(page)}:{line}: {name} does not exist")
+    assert not problems, "\n".join(problems)
+
+
+def _help_exit(command):
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    return command, done.returncode, done.stderr[-2000:]
+
+
+def test_every_named_script_and_module_answers_help():
+    scripts, modules = set(), set()
+    for _, text in all_text():
+        scripts.update(re.findall(r"python\S* scripts/([\w-]+)\.py", text))
+        modules.update(re.findall(r"python\S* -m (realformer_nmt(?:\.\w+)+)", text))
+    assert scripts, "no `python scripts/...` command found in the docs"
+    missing = sorted(s for s in scripts if not (REPO / "scripts" / f"{s}.py").exists())
+    assert not missing, f"scripts named in the docs but missing: {missing}"
+    commands = [[sys.executable, f"scripts/{s}.py", "--help"] for s in sorted(scripts)]
+    commands += [[sys.executable, "-m", m, "--help"] for m in sorted(modules)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(_help_exit, commands))
+    failed = [f"{' '.join(c[1:])}: exit {rc}\n{err}" for c, rc, err in results if rc != 0]
+    assert not failed, "\n".join(failed)
+
+
+def test_script_commands_in_bash_blocks_use_flags_their_parsers_accept(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    monkeypatch.chdir(REPO)
+    checked, problems, modules = 0, [], {}
+    for page, line, words, text in bash_commands():
+        what = invocation(words)
+        if what is None or what[0] not in ("script", "module"):
+            continue
+        kind, name, args = what
+        key = (kind, name)
+        if key not in modules:
+            modules[key] = load_script(name) if kind == "script" else importlib.import_module(name)
+        message = check_python_args(modules[key], args)
+        checked += 1
+        if message:
+            problems.append(f"{rel(page)} (block at line {line}): {text}\n    -> {message}")
+    assert checked, "no script command found in the bash blocks"
+    assert not problems, "commands their script refuses:\n" + "\n".join(problems)
+
+
+def test_fairseq_commands_in_bash_blocks_use_flags_fairseq_accepts(monkeypatch):
+    import realformer_nmt  # noqa: F401  (registers the models, tasks and criterions, as --user-dir does)
+
+    monkeypatch.chdir(REPO)  # --user-dir realformer_nmt is a path relative to the repository
+    checked, problems = 0, []
+    for page, line, words, text in bash_commands():
+        what = invocation(words)
+        if what is None or what[0] != "fairseq":
+            continue
+        _, tool, args = what
+        message = check_fairseq_args(tool, args)
+        checked += 1
+        if message:
+            problems.append(f"{rel(page)} (block at line {line}): {text}\n    -> {message}")
+    assert checked, "no fairseq command found in the bash blocks"
+    assert not problems, "commands fairseq refuses:\n" + "\n".join(problems)
+
+
+def test_every_make_target_named_exists():
+    targets = makefile_targets()
+    named = []
+    for page, line, words, _ in bash_commands():
+        what = invocation(words)
+        if what and what[0] == "make":
+            named.append((f"{rel(page)} (block at line {line})", what[1]))
+    for page, text in all_text():
+        _, prose = split_markdown(text)
+        for m in re.finditer(r"`make ([^`]*)`", prose):
+            words = [w for w in m.group(1).split() if not w.startswith("-") and "=" not in w]
+            if words:
+                named.append((f"{rel(page)}:{prose.count(chr(10), 0, m.start()) + 1}", words[0]))
+    assert named, "no make command found in the docs"
+    problems = [f"{where}: make {target}: no such target in the Makefile"
+                for where, target in named if target not in targets]
+    assert not problems, "\n".join(problems)
+
+
+def test_python_blocks_are_valid_python():
+    problems = []
+    for page in PAGES:
+        blocks, _ = split_markdown(page.read_text(encoding="utf-8"))
+        for lang, line, code in blocks:
+            if lang in ("python", "py"):
+                try:
+                    compile(code, f"{rel(page)}:{line}", "exec")
+                except SyntaxError as exc:
+                    problems.append(f"{rel(page)} (block at line {line}): {exc}")
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------------------
+# The reader itself (so that a passing check means something)
+# --------------------------------------------------------------------------------------
+
+def test_command_reader_joins_continuations_substitutes_variables_and_skips_placeholders():
+    code = "\n".join([
+        "export MASTER_ADDR=127.0.0.1 WORLD_SIZE=2",
+        "DIR=checkpoints/x",
+        "for R in 0 1; do",
+        "  fairseq-train data --distributed-rank $R \\",
+        "    --restore-file $DIR/model.pt &   # a comment",
+        "done; wait",
+        "OMP_NUM_THREADS=2 python scripts/benchmark_speed.py --tokens 2048 ...  # more",
+        "python scripts/x.py --save-dir '<run_dir>'",
+        "echo hi | fairseq-interactive data --beam 5 > out.txt",
+    ])
+    found = [words for words, _ in commands(code)]
+    assert ["fairseq-train", "data", "--distributed-rank", "0", "--restore-file", "checkpoints/x/model.pt"] in found
+    assert ["python", "scripts/benchmark_speed.py", "--tokens", "2048"] in found
+    assert None in found  # the placeholder command
+    assert ["fairseq-interactive", "data", "--beam", "5"] in found
+
+
+def test_checks_refuse_a_misspelt_flag():
+    import realformer_nmt  # noqa: F401
+
+    assert check_fairseq_args("fairseq-train", ["data", "--arch", "realformer_transformer"]) is None
+    assert "--residual-attention-kernal" in check_fairseq_args(
+        "fairseq-train", ["data", "--arch", "realformer_transformer", "--residual-attention-kernal", "bias"])
+    assert "kernel" in check_fairseq_args(
+        "fairseq-train", ["data", "--arch", "realformer_transformer", "--residual-attention-kernel", "flash"])
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        speed = load_script("benchmark_speed")
+        kernels = load_script("benchmark_kernels")
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    assert check_python_args(speed, ["--tokens", "2048"]) is None
+    assert "--tokenz" in check_python_args(speed, ["--tokenz", "2048"])
+    assert "--tok" in check_python_args(speed, ["--tok", "2048"])  # no abbreviations
+    assert check_python_args(kernels, ["--rounds", "5"]) is None  # main() only: stopped after parsing
+    assert "--roundz" in check_python_args(kernels, ["--roundz", "5"])
+
+
+def test_slug_follows_githubs_rule():
+    assert slug("Whole-model benchmark against fairseq's `transformer`") == \
+        "whole-model-benchmark-against-fairseqs-transformer"
+    assert slug("Post-LN vs Pre-LN vs RealFormer on Multi30k En->De") == \
+        "post-ln-vs-pre-ln-vs-realformer-on-multi30k-en-de"
+    assert slug("GPU tests (`tests/test_gpu.py`)") == "gpu-tests-teststest_gpupy"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
