@@ -384,6 +384,37 @@ def test_ignore_variables_skips_them(tmp_path):
     assert hub_of(tmp_path / "out").model.args.encoder_layers == 1
 
 
+def test_ignoring_a_variable_the_model_needs_is_reported_missing_or_drops_its_head(tmp_path):
+    with pytest.raises(CheckpointFileError, match=r"missing variables bert/pooler/dense/bias$"):
+        gc.convert(str(CKPT), str(tmp_path / "a"), ignore=r"^bert/pooler/dense/bias$")
+    summary = gc.convert(str(CKPT), str(tmp_path / "b"), ignore=r"^cls/")  # both heads dropped
+    assert summary["skipped"]["--ignore-variables"] > 0
+    model = hub_of(tmp_path / "b").model
+    assert "next_sentence" not in model.classification_heads
+
+
+def test_a_bad_ignore_pattern_or_a_file_that_is_not_a_zip_is_one_line(tmp_path):
+    script = REPO / "scripts" / "convert_google_checkpoint.py"
+    fake = tmp_path / "fake.zip"
+    fake.write_text("not a zip")
+    for args, message in ((["--ignore-variables", "("], "--ignore-variables '(' is not a regular expression"),
+                          ([], "fake.zip: not a zip file, a folder or a checkpoint's .index file")):
+        source = str(CKPT) if args else str(fake)
+        proc = subprocess.run([sys.executable, str(script), source, "--out", str(tmp_path / "out"), *args],
+                              capture_output=True, text=True, env=cli_env(), cwd=REPO)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert message in proc.stderr.strip().splitlines()[-1]
+
+
+def test_vocabulary_problems_are_found_before_variables_are_read(tmp_path, monkeypatch):
+    src = copy_fixture(tmp_path / "no_mask")
+    vocab = (src / "vocab.txt").read_text(encoding="utf-8").replace("[MASK]\n", "[MASQUE]\n")
+    (src / "vocab.txt").write_text(vocab, encoding="utf-8")
+    monkeypatch.setattr(gc.TFCheckpoint, "read", lambda *a, **k: pytest.fail("a variable was read"))
+    with pytest.raises(Exception, match=r"\[MASK\]"):
+        gc.convert(str(src), str(tmp_path / "out"))
+
+
 def test_missing_variables_are_an_error_naming_them(tmp_path):
     src = copy_fixture(tmp_path / "three_layers", num_hidden_layers=3)
     expected = r"^bert_model.ckpt: missing variables bert/encoder/layer_2/attention/self/query/kernel, .*\(16 in all\)$"

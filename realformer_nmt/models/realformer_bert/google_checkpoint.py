@@ -231,6 +231,8 @@ def read_google_checkpoint(
         root, checkpoint = os.path.dirname(os.path.abspath(source)), os.path.basename(source)[: -len(".index")]
     elif os.path.isdir(source):
         root = source
+    elif os.path.isfile(source):
+        raise CheckpointFileError(f"{source}: not a zip file, a folder or a checkpoint's .index file")
     else:
         raise CheckpointFileError(f"{source}: no such zip, folder or .index file")
     config_path, vocab_path, prefix = _find_files(root, checkpoint, source)
@@ -238,12 +240,16 @@ def read_google_checkpoint(
     if len(vocab) != config["vocab_size"]:
         raise ConfigError(f"{vocab_path} has {len(vocab)} tokens but {config_path} says "
                           f"vocab_size {config['vocab_size']}")
+    fairseq_vocabulary(vocab)  # its special tokens are checked before gigabytes of variables are read
+    try:
+        ignore_re = re.compile(ignore) if ignore else None
+    except re.error as e:
+        raise ConfigError(f"--ignore-variables {ignore!r} is not a regular expression ({e})") from None
     try:
         tf = TFCheckpoint(prefix)
         logger.info("checkpoint %s: %d variables", os.path.basename(prefix), len(tf.entries))
         expected = model_variables(config)
         skipped = {"optimizer slots": 0, "bookkeeping": 0, "--ignore-variables": 0}
-        ignore_re = re.compile(ignore) if ignore else None
         present = []
         for name in tf.names():
             if name.endswith(OPTIMIZER_SLOTS):
@@ -261,8 +267,9 @@ def read_google_checkpoint(
                 "pre-training checkpoint of this bert_config.json (skip them with --ignore-variables REGEX)"
             )
         groups = ("encoder", "pooler", "mlm", "nsp")
-        have = {g: [n for n, (gg, _) in expected.items() if gg == g and n in tf] for g in groups}
-        need = {g: [n for n, (gg, _) in expected.items() if gg == g and n not in tf] for g in groups}
+        kept = set(present)  # what --ignore-variables skips counts as absent: it is never read
+        have = {g: [n for n, (gg, _) in expected.items() if gg == g and n in kept] for g in groups}
+        need = {g: [n for n, (gg, _) in expected.items() if gg == g and n not in kept] for g in groups}
         # the encoder is required; a head is all or nothing, and the NSP classifier needs the pooler
         wanted = {"encoder": True, "mlm": bool(have["mlm"]), "nsp": bool(have["nsp"])}
         wanted["pooler"] = wanted["nsp"]
@@ -270,7 +277,7 @@ def read_google_checkpoint(
         if missing:
             raise CheckpointFileError(f"{os.path.basename(prefix)}: missing variables {_names(missing)}")
         wrong = [f"{n} {list(tf.entry(n).shape)} (expected {list(shape)})" for n, (_, shape) in expected.items()
-                 if n in tf and tf.entry(n).shape != shape]
+                 if n in kept and tf.entry(n).shape != shape]
         if wrong:
             raise CheckpointFileError(
                 f"{os.path.basename(prefix)}: shapes differ from {CONFIG_FILE}: {_names(wrong, 4)}")
