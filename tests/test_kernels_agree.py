@@ -220,3 +220,57 @@ def test_eval_cross_attention_runs_the_chosen_kernel_except_on_the_alignment_lay
     with torch.no_grad():
         _, want = reference.decoder(tgt, encoder_out=encoder_out, alignment_layer=alignment_layer)
     assert (extra["attn"][0] - want["attn"][0]).abs().max() < 1e-6
+
+
+# --------------------------------------------------------------------------------------
+# The CUDA rule of `auto` (decided without a GPU: the rule is a pure function of the file)
+# --------------------------------------------------------------------------------------
+
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture
+def rule_file(tmp_path, monkeypatch):
+    path = tmp_path / "kernel_rule.json"
+    monkeypatch.setenv(ra.KERNEL_RULE_ENV, str(path))
+    ra._read_kernel_rule.cache_clear()
+    yield path
+    ra._read_kernel_rule.cache_clear()
+
+
+def test_cuda_auto_reads_the_measured_rule_and_logs_it_once(rule_file, monkeypatch, caplog):
+    import json
+    import logging
+
+    rule_file.write_text(json.dumps({"device": "NVIDIA H100", "rule": {"first_layer": "fused",
+                                                                      "later_layers": "bias"}}))
+    monkeypatch.setattr(ra, "bias_has_fused_backend", lambda device: True)
+    with caplog.at_level(logging.INFO, logger=ra.__name__):
+        kernels = [ra.auto_kernel(device=CUDA, training_dropout=True, terms=n) for n in (1, 2, 3)]
+    assert kernels == ["fused", "bias", "bias"]
+    applied = [r.getMessage() for r in caplog.records if "kernel 'auto' on CUDA" in r.getMessage()]
+    assert len(applied) == 1 and "first layer of a path fused, later layers bias" in applied[0]
+    assert "NVIDIA H100" in applied[0]
+    # the CPU rule does not change
+    assert [ra.auto_kernel(device=torch.device("cpu"), training_dropout=False, terms=n) for n in (1, 2)] == \
+        ["fused", "materialized"]
+
+
+def test_cuda_auto_without_a_measured_rule_uses_bias_where_a_fused_backend_takes_it(rule_file, monkeypatch):
+    assert not rule_file.exists()
+    monkeypatch.setattr(ra, "bias_has_fused_backend", lambda device: True)
+    assert [ra.auto_kernel(device=CUDA, training_dropout=False, terms=n) for n in (1, 2)] == ["bias", "bias"]
+    monkeypatch.setattr(ra, "bias_has_fused_backend", lambda device: False)
+    assert [ra.auto_kernel(device=CUDA, training_dropout=False, terms=n) for n in (1, 2)] == \
+        ["materialized", "materialized"]
+    rule_file.write_text("{not json")
+    monkeypatch.setattr(ra, "bias_has_fused_backend", lambda device: True)
+    ra._read_kernel_rule.cache_clear()
+    assert ra.auto_kernel(device=CUDA, training_dropout=False, terms=2) == "bias"  # unreadable: the default
+
+
+def test_no_cuda_means_no_fused_bias_backend():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert ra.bias_has_fused_backend(CUDA) is False
+    assert ra.bias_has_fused_backend(torch.device("cpu")) is False
