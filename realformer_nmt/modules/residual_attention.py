@@ -114,20 +114,23 @@ class ResidualState(NamedTuple):
         return self.scores is None
 
     def running_sum(self) -> Tensor:
-        """``A_n`` as a float32 ``[B, H, T, S]`` tensor, whichever kernel produced it."""
-        if self.scores is None:
-            q = torch.cat(self.queries, dim=-1).float()
-            k = torch.cat(self.keys, dim=-1).float()
-            return torch.matmul(q, k.transpose(-1, -2))
-        total = self.scores
-        for q, k in zip(self.queries, self.keys):
-            bsz, heads, tgt_len, dim = q.shape
-            total = torch.baddbmm(
-                total.reshape(bsz * heads, tgt_len, -1),
-                q.float().reshape(bsz * heads, tgt_len, dim),
-                k.float().reshape(bsz * heads, -1, dim).transpose(1, 2),
-            ).view(bsz, heads, tgt_len, -1)
-        return total
+        """``A_n`` as a float32 ``[B, H, T, S]`` tensor, whichever kernel produced it (also
+        under autocast, which would otherwise run these products in half precision)."""
+        device = (self.scores if self.scores is not None else self.queries[0]).device
+        with torch.autocast(device_type=device.type, enabled=False):
+            if self.scores is None:
+                q = torch.cat(self.queries, dim=-1).float()
+                k = torch.cat(self.keys, dim=-1).float()
+                return torch.matmul(q, k.transpose(-1, -2))
+            total = self.scores
+            for q, k in zip(self.queries, self.keys):
+                bsz, heads, tgt_len, dim = q.shape
+                total = torch.baddbmm(
+                    total.reshape(bsz * heads, tgt_len, -1),
+                    q.float().reshape(bsz * heads, tgt_len, dim),
+                    k.float().reshape(bsz * heads, -1, dim).transpose(1, 2),
+                ).view(bsz, heads, tgt_len, -1)
+            return total
 
 
 def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int) -> str:
