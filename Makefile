@@ -1,6 +1,8 @@
 # One-command entry points; each does its own set-up into ./.venv.
 #   make demo        train a small RealFormer on an embedded corpus, translate, print sacreBLEU
 #   make test        the test suite
+#   make test-fast   the tests that start no training process (-m "not slow"), for the edit-test loop
+#   make lint        ruff (ruff.toml: pyflakes, pycodestyle, bugbear, isort); CI runs it before the tests
 #   make gpu-check   everything a GPU must prove (docs/gpu.md); GPU_CHECK_ARGS=--dry-run on CPU
 #   make gpu-wheels  download into .whl/ the wheels a GPU machine without network needs
 # On a machine whose Python already has torch (a GPU machine): make gpu-check PY=python3
@@ -25,7 +27,7 @@ GPU_WHEELS := fairseq-fixed==0.12.3.1 hydra-core==1.3.2 omegaconf==2.3.0 bitarra
 # installed there only where missing (the image has them today)
 GPU_OPTIONAL_WHEELS := pytest pyyaml iniconfig pluggy pygments packaging
 
-.PHONY: setup demo test clean gpu-check gpu-wheels
+.PHONY: setup demo test test-fast lint clean gpu-check gpu-wheels
 
 setup: $(VENV)/.installed
 
@@ -40,6 +42,12 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest tests -q $(TEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest tests -q -m "not slow" $(TEST_ARGS)
+
+lint: setup
+	$(PY) -m ruff check .
 
 gpu-check: $(PY_SETUP)
 	$(PY) -m realformer_nmt.experiments.gpu_check $(GPU_CHECK_ARGS)

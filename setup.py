@@ -15,5 +15,7 @@ setup(
         "sentencepiece",
         "sacrebleu>=2.0",
     ],
-    extras_require={"test": ["pytest", "matplotlib"], "plot": ["matplotlib"]},
+    extras_require={"test": ["pytest", "matplotlib", "ruff==0.17.6"], "plot": ["matplotlib"],
+                    # optional: convert_google_checkpoint.py --reader tensorflow (TensorFlow's own reader)
+                    "convert-tf": ["tensorflow-cpu"]},
 )

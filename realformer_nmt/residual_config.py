@@ -156,13 +156,22 @@ def _argparse_type(parse, canonical=lambda v: v):
             return canonical(parse(value))
         except ConfigError as e:
             # argparse prefixes the flag name itself.
-            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1])
+            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from e
     return convert
+
+
+def argument_group(parser, title):
+    """``parser.add_argument_group(title)``, or ``parser`` itself when it already is a group:
+    fairseq hands a model's ``add_args`` its "Model-specific configuration" group, and argparse
+    deprecates groups inside groups (their flags are missing from ``--help``)."""
+    if isinstance(parser, argparse._ArgumentGroup):
+        return parser
+    return parser.add_argument_group(title)
 
 
 def add_args(parser, available=PATHS):
     """The RealFormer flags; ``available``: the model's attention paths."""
-    group = parser.add_argument_group("RealFormer residual attention")
+    group = argument_group(parser, "RealFormer residual attention")
     names = {"encoder": "encoder (self-attention)", "decoder": "decoder (self-attention)",
              "cross": "cross (encoder-decoder attention)"}
     group.add_argument(

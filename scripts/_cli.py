@@ -13,8 +13,9 @@ def comma_list(kind=str, choices=None):
     def parse(text):
         try:
             values = [kind(v.strip()) for v in text.split(",") if v.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}s, got {text!r}")
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {kind.__name__}s, got {text!r}") from exc
         if not values:
             raise argparse.ArgumentTypeError("empty list")
         bad = [v for v in values if choices is not None and v not in choices]

@@ -30,7 +30,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--path", required=True, help="checkpoint to analyse (realformer_transformer*, transformer, "
                    "realformer_bert*, roberta*)")
-    p.add_argument("--data", required=True, help="fairseq data-bin the checkpoint's task reads (translation or masked_lm)")
+    p.add_argument("--data", required=True,
+                   help="fairseq data-bin the checkpoint's task reads (translation or masked_lm)")
     p.add_argument("--subset", default="test", help="split to analyse (default: test)")
     p.add_argument("--max-sentences", type=int, default=None,
                    help="analyse only the first N items of the split (default: all)")

@@ -71,19 +71,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from _cli import comma_list  # noqa: E402  (scripts/_cli.py)
+
 BACKBONES = ("postln", "preln", "realformer")
 VARIANTS = BACKBONES + ("realformer_mean", "realformer_encoder", "realformer_decoder", "realformer_cross")
 DEPTH_BACKBONES = ("postln", "preln", "realformer", "realformer_mean")
 DEPTH_SIZE = dict(embed_dim=128, ffn_dim=512, heads=4)  # compare.DEPTH_SIZE (kept here: --help without fairseq)
 
-
-def _csv(kind):
-    def parse(text):
-        try:
-            return [kind(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}s, got {text!r}")
-    return parse
 
 
 def parse_args(argv=None):
@@ -102,12 +96,12 @@ def parse_args(argv=None):
                     help="free text stored with the machine description (e.g. 'shared with other jobs')")
 
     what = p.add_argument_group("what to train")
-    what.add_argument("--backbones", type=_csv(str), default=None,
+    what.add_argument("--backbones", type=comma_list(str), default=None,
                       help=f"comma list of {', '.join(VARIANTS)} (default: postln,preln,realformer; "
                            "with --depth-stress also realformer_mean)")
     what.add_argument("--residual-attention-mode", choices=("sum", "mean"), default="sum",
                       help="RealFormer's rule: softmax over the running sum or mean of scores (default: sum)")
-    what.add_argument("--seeds", type=_csv(int), default=[1], help="comma list of seeds (default: 1)")
+    what.add_argument("--seeds", type=comma_list(int), default=[1], help="comma list of seeds (default: 1)")
 
     model = p.add_argument_group("model size (identical for every backbone)")
     model.add_argument("--size", choices=("small", "iwslt", "base"), default="small",
@@ -119,7 +113,8 @@ def parse_args(argv=None):
     model.add_argument("--heads", type=int, help="attention heads (overrides --size)")
 
     train = p.add_argument_group("recipe and budget (identical for every backbone)")
-    train.add_argument("--lr", type=float, default=1e-3, help="peak learning rate, Adam + inverse_sqrt (default: %(default)s)")
+    train.add_argument("--lr", type=float, default=1e-3,
+                       help="peak learning rate, Adam + inverse_sqrt (default: %(default)s)")
     train.add_argument("--warmup-updates", type=int, default=400, help="linear warmup updates (default: %(default)s)")
     train.add_argument("--max-update", type=int, default=None,
                        help="update budget per run; deterministic, the same for every backbone; 1800 is "
@@ -143,7 +138,8 @@ def parse_args(argv=None):
                        help="fairseq's training log line every N updates (default: %(default)s)")
     train.add_argument("--beam", type=int, default=5, help="beam size for the test decode (default: %(default)s)")
     train.add_argument("--train-args", default="",
-                       help="extra fairseq-train flags for every run, one shell-quoted string (e.g. \"--update-freq 2\")")
+                       help="extra fairseq-train flags for every run, one shell-quoted string "
+                            "(e.g. \"--update-freq 2\")")
 
     dev = p.add_argument_group("device")
     dev.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -163,7 +159,7 @@ def parse_args(argv=None):
     stress.add_argument("--depth-stress", action="store_true",
                         help="train every backbone at L+L layers for each --depths, narrow (default d=128, "
                              "FFN 512, 4 heads) instead of the comparison; runs go to OUT/L<depth>/")
-    stress.add_argument("--depths", type=_csv(int), default=[6, 12],
+    stress.add_argument("--depths", type=comma_list(int), default=[6, 12],
                         help="layer counts (encoder = decoder) of the depth test (default: 6,12)")
     stress.add_argument("--path-ablation", action="store_true",
                         help="residual attention on the encoder, decoder or cross path alone, on all three, "
@@ -173,7 +169,7 @@ def parse_args(argv=None):
     sweep = p.add_argument_group("learning-rate stability sweep")
     sweep.add_argument("--lr-sweep", action="store_true",
                        help="train every backbone at every --lrs instead of the comparison at --lr")
-    sweep.add_argument("--lrs", type=_csv(float), default=[1e-3, 3e-3, 1e-2],
+    sweep.add_argument("--lrs", type=comma_list(float), default=[1e-3, 3e-3, 1e-2],
                        help="peak learning rates of the sweep (default: 1e-3,3e-3,1e-2)")
     sweep.add_argument("--normal-lr", type=float, default=None,
                        help="the reference learning rate among --lrs (default: the smallest)")

@@ -42,6 +42,10 @@ def parse_args(argv=None):
                    help="also skip variables whose names match REGEX (default: only optimizer slots "
                         "*/adam_m, */adam_v and global_step)")
     p.add_argument("--no-verify", action="store_true", help="skip the CRC32C check of every tensor")
+    p.add_argument("--reader", choices=("builtin", "tensorflow"), default="builtin",
+                   help="builtin: this package's reader of TensorFlow's checkpoint format (NumPy only, "
+                        "checked against TensorFlow's); tensorflow: TensorFlow's own tf.train.load_checkpoint "
+                        "(pip install tensorflow-cpu) (default: builtin)")
     return p.parse_args(argv)
 
 
@@ -66,7 +70,7 @@ def main(argv=None):
     try:
         summary = google_checkpoint.convert(
             args.source, args.out, checkpoint=args.checkpoint, ignore=args.ignore_variables,
-            verify=not args.no_verify,
+            verify=not args.no_verify, reader=args.reader,
         )
     except RealFormerError as e:
         return fail(str(e))

@@ -71,7 +71,7 @@ def main(argv=None):
     if problem:
         return fail(problem)
     logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
-    from realformer_nmt.data import pipeline as corpora
+    from realformer_nmt.data import corpora
 
     sizes = {"n_train": args.n_train} if args.n_train != 20000 else None
     try:

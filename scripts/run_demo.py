@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-corpora = None  # realformer_nmt.data.pipeline, imported by main() after parsing: fairseq loads slowly
+corpora = None  # realformer_nmt.data.corpora, imported by main() after parsing: fairseq loads slowly
 
 DEMO_DATA = dict(vocab_size=1000, seed=1)
 MODEL_FLAGS = (
@@ -184,8 +184,10 @@ def score(hyps, raw_dir):
     """sacreBLEU (13a, cased) of the hypotheses against the untouched raw test references."""
     import sacrebleu
 
-    sources = corpora.read_lines(os.path.join(raw_dir, "test.en"))
-    refs = corpora.read_lines(os.path.join(raw_dir, "test.de"))
+    from realformer_nmt.data.pipeline import read_lines
+
+    sources = read_lines(os.path.join(raw_dir, "test.en"))
+    refs = read_lines(os.path.join(raw_dir, "test.de"))
     if sorted(hyps) != list(range(len(refs))):
         raise DemoError(f"fairseq-generate returned {len(hyps)} hypotheses for {len(refs)} test sentences")
     ordered = [hyps[i] for i in range(len(refs))]
@@ -196,8 +198,9 @@ def score(hyps, raw_dir):
 
 def train_stats(lines):
     """Last validation loss and last update count in a fairseq-train log."""
-    losses = [float(m.group(1)) for m in (re.search(r"\| valid on 'valid' subset \| loss ([\d.]+)", l) for l in lines) if m]
-    updates = [int(m.group(1)) for m in (re.search(r"num_updates (\d+)", l) for l in lines) if m]
+    valid = re.compile(r"\| valid on 'valid' subset \| loss ([\d.]+)")
+    losses = [float(m.group(1)) for m in map(valid.search, lines) if m]
+    updates = [int(m.group(1)) for m in (re.search(r"num_updates (\d+)", line) for line in lines) if m]
     return (losses[-1] if losses else None), (updates[-1] if updates else None)
 
 
@@ -252,7 +255,7 @@ def main(argv=None):
     global corpora
     args = parse_args(argv)
     logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
-    from realformer_nmt.data import pipeline as corpora
+    from realformer_nmt.data import corpora
 
     try:
         report = run(args)

@@ -9,10 +9,9 @@ import re
 import shutil
 import types
 
+import paper_reference as paper
 import torch
 import torch.nn.functional as F
-
-import paper_reference as paper
 from conftest import REPO, USER_DIR  # noqa: F401  (re-exported for the BERT tests)
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY

@@ -1,15 +1,17 @@
 import argparse
+import json
 import os
+import subprocess
 import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
-
-import realformer_nmt  # noqa: F401  (registers the model)
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+import realformer_nmt  # noqa: F401  (registers the model)
 
 REPO = Path(__file__).resolve().parent.parent
 USER_DIR = str(REPO / "realformer_nmt")
@@ -22,6 +24,58 @@ TINY = dict(
     encoder_attention_heads=4, decoder_attention_heads=4,
     dropout=0.0, attention_dropout=0.0,
 )
+
+
+# --------------------------------------------------------------------------------------
+# The `slow` marker: `make test-fast` runs `-m "not slow"`. A test that starts a training
+# process (fairseq-train, or a script or harness that runs it) must be marked slow; one
+# that is not fails the moment it starts one, so the fast set cannot silently grow slow.
+# --------------------------------------------------------------------------------------
+
+TRAINING_COMMANDS = ("fairseq-train", "fairseq_cli.train", "fairseq-hydra-train", "fairseq_cli.hydra_train",
+                     "torchrun", "run_demo.py", "compare_backbones.py", "compare_mlm_backbones.py",
+                     "realformer_nmt.experiments.gpu_check")
+_current_item = None
+_real_popen_init = subprocess.Popen.__init__
+
+
+def _words(args):
+    return [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
+
+
+def starts_training(args):
+    words = _words(args)
+    if "--help" in words or "-h" in words:
+        return False
+    if words and os.path.basename(words[0]) == "make":  # make's training targets, unless only printed (-n)
+        return "-n" not in words and any(w in ("demo", "gpu-check") for w in words)
+    return any(name in word for word in words for name in TRAINING_COMMANDS)
+
+
+def _checked_popen_init(self, args, *rest, **kwargs):
+    item = _current_item
+    if item is not None and starts_training(args) and item.get_closest_marker("slow") is None:
+        record = os.environ.get("REALFORMER_NMT_RECORD_TRAINING")
+        if record:  # development aid: list the tests that train instead of failing them
+            with open(record, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"test": item.nodeid, "args": _words(args)}) + "\n")
+        else:
+            pytest.fail(f"{item.nodeid} starts a training process ({' '.join(_words(args))[:120]} ...): "
+                        "mark it @pytest.mark.slow (make test-fast leaves those out)", pytrace=False)
+    _real_popen_init(self, args, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _checked_popen_init
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    global _current_item
+    _current_item = item
+    try:
+        yield
+    finally:
+        _current_item = None
 
 
 def require_shared_data(path):

@@ -16,10 +16,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
-
 from cli_helpers import write_reversal_corpus
 from conftest import BIN, cli_env
-
 from fairseq import options
 from fairseq_cli import generate, interactive, preprocess, train
 

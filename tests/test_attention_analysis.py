@@ -11,13 +11,13 @@ import sys
 import types
 
 import numpy as np
+import paper_reference as ref
 import pytest
 import torch
-
-import paper_reference as ref
 from cli_helpers import TINY_FLAGS, run
 from conftest import REPO, USER_DIR, batch, build, cli_env, make_dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
 from realformer_nmt.errors import CheckpointFileError, DataError
 from realformer_nmt.experiments import attention_analysis as aa
 

@@ -12,10 +12,10 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from bert_helpers import REPO, WIKITEXT2, prepared_wikitext2
 from conftest import cli_env
 from fairseq.data import Dictionary, data_utils
+
 from realformer_nmt.data import pretraining, wikitext
 from realformer_nmt.errors import DataError
 from realformer_nmt.tasks.masked_lm_nsp import MaskedLMNextSentenceTask, MaskedLMNSPConfig
@@ -32,21 +32,23 @@ SCRIPT = REPO / "scripts" / "prepare_pretraining_data.py"
 # Documents
 # --------------------------------------------------------------------------------------
 
-WIKI_SAMPLE = """ 
- = Alpha = 
- 
- Alpha is a letter . It comes first . 
- 
- = = History = = 
- 
- The history of alpha is long . 
- = = = Early use = = = 
- Early use of <unk> letters . 
- 
- = Beta = 
- 
- Beta comes second . 
-"""
+# WikiText's own layout: every line starts and ends with a space, empty lines hold one space
+WIKI_SAMPLE = "".join(line + "\n" for line in [
+    ' ',
+    ' = Alpha = ',
+    ' ',
+    ' Alpha is a letter . It comes first . ',
+    ' ',
+    ' = = History = = ',
+    ' ',
+    ' The history of alpha is long . ',
+    ' = = = Early use = = = ',
+    ' Early use of <unk> letters . ',
+    ' ',
+    ' = Beta = ',
+    ' ',
+    ' Beta comes second . ',
+])
 
 
 def test_wikitext_titles_split_documents_and_headings_are_dropped():

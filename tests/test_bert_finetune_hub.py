@@ -7,14 +7,20 @@ import shutil
 
 import pytest
 import torch
-
 from bert_helpers import (
-    TINY_BERT_FLAGS, USER_DIR, WIKITEXT2, finite, log_records, prepared_wikitext2, pretrained_nsp,
+    TINY_BERT_FLAGS,
+    USER_DIR,
+    WIKITEXT2,
+    finite,
+    log_records,
+    prepared_wikitext2,
+    pretrained_nsp,
 )
 from cli_helpers import run
 from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 from fairseq.models.roberta import RobertaHubInterface
+
 from realformer_nmt.models.realformer_bert import RealFormerBertModel
 
 
@@ -55,7 +61,8 @@ def labelled(tmp_path_factory):
     raw = root / "raw"
     raw.mkdir()
     for split, rows in splits.items():
-        (raw / f"{split}.input0").write_text("\n".join(" ".join(sp.encode(s, out_type=str)) for s in sentences[rows]) + "\n")
+        pieces = (" ".join(sp.encode(s, out_type=str)) for s in sentences[rows])
+        (raw / f"{split}.input0").write_text("\n".join(pieces) + "\n")
         (raw / f"{split}.label").write_text("\n".join(cls[rows]) + "\n")
     run("fairseq-preprocess", "--only-source", "--trainpref", raw / "train.input0", "--validpref",
         raw / "valid.input0", "--destdir", root / "cls" / "input0", "--srcdict", data / "dict.txt", "--workers", 1)

@@ -5,9 +5,9 @@ import argparse
 
 import pytest
 import torch
-
 from bert_helpers import bert_batch, bert_dictionary, build_bert, reference_features, sharpen_attention
 from fairseq.models import ARCH_CONFIG_REGISTRY
+
 from realformer_nmt.errors import ConfigError
 from realformer_nmt.models.realformer_bert import RealFormerBertModel
 

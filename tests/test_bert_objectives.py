@@ -7,10 +7,10 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-
 from bert_helpers import bert_batch, bert_dictionary, build_bert
 from fairseq.criterions.masked_lm import MaskedLmConfig, MaskedLmLoss
 from fairseq.logging import metrics
+
 from realformer_nmt.criterions.masked_lm_acc import MaskedLmAccuracyLoss
 from realformer_nmt.criterions.masked_lm_nsp import MaskedLmNspConfig, MaskedLmNspLoss
 from realformer_nmt.errors import ConfigError

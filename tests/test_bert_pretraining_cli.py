@@ -5,7 +5,6 @@
 import numpy as np
 import pytest
 import torch
-
 from bert_helpers import USER_DIR, finite, log_records, prepared_wikitext2, pretrain_flags, pretrained_nsp
 from cli_helpers import run
 from fairseq import checkpoint_utils

@@ -13,13 +13,12 @@ import logging
 
 import pytest
 import torch
-
 from cli_helpers import TINY_FLAGS, run
 from conftest import USER_DIR, build
 from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models.transformer import TransformerModel
-from fairseq_cli import generate
+
 from realformer_nmt.fairseq_patches import cpu_bf16
 
 
@@ -48,8 +47,18 @@ def test_an_inference_command_casts_only_for_its_own_bf16_flag(caplog, flags, dt
     assert {p.dtype for p in model.parameters()} == {dtype}
     casts = [r for r in caplog.records if "casting" in r.getMessage()]
     assert len(casts) == (1 if dtype == torch.bfloat16 else 0)
-    # fairseq's real inference entry points carry the wrapper
-    assert getattr(generate.main, "__realformer_fixed__", False)
+
+
+@pytest.mark.parametrize("command", ["generate", "interactive", "eval_lm"])
+def test_fairseqs_inference_commands_carry_the_wrapper_and_training_does_not(command):
+    """fairseq-generate, -interactive and -eval-lm reach ``main`` through their module's
+    global (``cli_main`` -> ``call_main(cfg, main)``), so the wrapped one is what runs."""
+    import importlib
+
+    module = importlib.import_module(f"fairseq_cli.{command}")
+    assert getattr(module.main, "__realformer_fixed__", False)
+    assert module.main.__wrapped__.__module__ == f"fairseq_cli.{command}"
+    assert not getattr(importlib.import_module("fairseq_cli.train").main, "__realformer_fixed__", False)
 
 
 def test_turning_tpu_off_for_bf16_is_logged(caplog):

@@ -1,9 +1,9 @@
 """Through fairseq's real command-line tools: preprocess -> train -> generate."""
 
 import torch
-
 from cli_helpers import TINY_FLAGS, run
 from conftest import USER_DIR
+
 
 def test_train_writes_checkpoints_with_residual_settings(trained):
     save, proc = trained

@@ -16,8 +16,8 @@ import sys
 
 import pytest
 import sacrebleu
-
 from conftest import BIN, REPO, USER_DIR, cli_env, require_shared_data
+
 from realformer_nmt.data import multi30k, pipeline
 from realformer_nmt.errors import ConfigError
 from realformer_nmt.experiments import compare, fairseq_runs

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import require_shared_data
-from realformer_nmt.data import multi30k, pipeline, synthetic_en_de
+
+from realformer_nmt.data import corpora, multi30k, pipeline, synthetic_en_de
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K_DIR = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "multi30k"))
@@ -22,8 +22,8 @@ def _lines(path):
 def _corpus(out_dir, seed, **sizes):
     sizes = dict(dict(n_train=400, n_valid=50, n_test=50), **sizes)
     counts = synthetic_en_de.make_synthetic_en_de(str(out_dir), seed=seed, **sizes)
-    return counts, {f"{s}.{l}": _lines(os.path.join(out_dir, f"{s}.{l}"))
-                    for s in pipeline.SPLITS for l in pipeline.LANGS}
+    return counts, {f"{s}.{lang}": _lines(os.path.join(out_dir, f"{s}.{lang}"))
+                    for s in pipeline.SPLITS for lang in pipeline.LANGS}
 
 
 @pytest.fixture(scope="module")
@@ -173,15 +173,15 @@ def test_multi30k_needs_a_source(tmp_path):
 
 def test_prepare_small_synthetic(tmp_path):
     dest = tmp_path / "bin"
-    summary = pipeline.prepare("synthetic", str(dest), vocab_size=200, seed=3,
+    summary = corpora.prepare("synthetic", str(dest), vocab_size=200, seed=3,
                               synthetic_sizes=dict(n_train=300, n_valid=30, n_test=30))
     for name in ("dict.en.txt", "dict.de.txt", "train.en-de.en.bin", "train.en-de.de.idx",
                  "test.en-de.de.bin", "spm.model", "prepare.json"):
         assert (dest / name).is_file(), name
     assert summary["counts"] == {"train": 300, "valid": 30, "test": 30}
-    assert summary["settings"] == pipeline.prepare_settings(
+    assert summary["settings"] == corpora.prepare_settings(
         "synthetic", 200, 3, dict(n_train=300, n_valid=30, n_test=30))
-    assert pipeline.prepared_settings(str(dest)) == summary["settings"]
+    assert corpora.prepared_settings(str(dest)) == summary["settings"]
     assert 50 < summary["dictionary_size"] <= 200 + 4
     pieces = _lines(tmp_path / "bin" / "work" / "spm" / "train.spm.de")
     assert len(pieces) == 300 and all("\u2581" in p for p in pieces)

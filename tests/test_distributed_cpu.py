@@ -6,7 +6,8 @@ import argparse
 import pytest
 import torch
 import torch.distributed as dist
-
+from cli_helpers import TINY_FLAGS, run
+from conftest import BIN, USER_DIR, batch, build
 from fairseq import checkpoint_utils
 from fairseq.dataclass.configs import DistributedTrainingConfig
 from fairseq.distributed import utils as distributed_utils
@@ -16,9 +17,6 @@ from omegaconf import OmegaConf
 from realformer_nmt.errors import ConfigError
 from realformer_nmt.experiments.distributed_runs import free_port, train_ranks
 from realformer_nmt.fairseq_patches import cpu_distributed
-
-from cli_helpers import TINY_FLAGS, run
-from conftest import BIN, USER_DIR, batch, build
 
 COMMON = ["--user-dir", USER_DIR, "--arch", "realformer_transformer", *TINY_FLAGS,
           "--max-tokens", "500", "--max-epoch", "1", "--log-format", "simple"]  # the last --max-tokens wins

@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
-import os
 import re
 import shlex
 import subprocess

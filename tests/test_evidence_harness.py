@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
-
 from conftest import REPO, cli_env
-from realformer_nmt.experiments import compare, fairseq_runs
 from test_compare_backbones import m30k_slice, tiny_recipe  # noqa: F401  (fixture)
+
+from realformer_nmt.experiments import compare, fairseq_runs
 
 SCRIPT = str(REPO / "scripts" / "compare_backbones.py")
 TINY_SIZE_CLI = ["--embed-dim", "32", "--ffn-dim", "64", "--heads", "2", "--max-update", "4",
@@ -81,7 +81,7 @@ def test_depth_stress_marks_runs_against_the_best_run_of_the_same_seed(m30k_slic
 
     def fake_train_all(specs, *args, **kwargs):
         assert {s[0] for s in specs} == set(losses)
-        for key, backbone, seed, run_dir, recipe, lr in specs:
+        for key, backbone, seed, run_dir, recipe, _lr in specs:
             assert recipe.layers == key[0] and run_dir.endswith(f"L{key[0]}/{backbone}/seed{seed}")
         return {k: _fake_run(k[2], v, "diverged" if v is None else "finished") for k, v in losses.items()}
 

@@ -4,10 +4,8 @@ import argparse
 
 import pytest
 import torch
-
-from fairseq.models import ARCH_CONFIG_REGISTRY
-
 from conftest import batch, build
+from fairseq.models import ARCH_CONFIG_REGISTRY
 
 ARCH_PAIRS = [
     ("realformer_transformer", "transformer"),

@@ -2,25 +2,23 @@
 
 import atexit
 
-import numpy as np
-import torch
-
 import fairseq_cli.eval_lm
 import fairseq_cli.generate
 import fairseq_cli.interactive
+import numpy as np
+import torch
+from conftest import make_dictionary
 from fairseq import checkpoint_utils, options
-from fairseq.distributed import utils as distributed_utils
-from fairseq.models import distributed_fairseq_model
 from fairseq.data import LanguagePairDataset, TokenBlockDataset, bucket_pad_length_dataset, data_utils, iterators
+from fairseq.distributed import utils as distributed_utils
 from fairseq.file_io import PathManager
+from fairseq.models import distributed_fairseq_model
 from fairseq.models.fairseq_model import BaseFairseqModel
 from fairseq.tasks.translation import TranslationTask
 from fairseq.trainer import Trainer
 
 from realformer_nmt import fairseq_patches
 from realformer_nmt.fairseq_patches import interactive_utf8, numpy2_compat
-
-from conftest import make_dictionary
 
 
 def test_every_patch_module_documents_its_bug_and_when_to_drop_it():

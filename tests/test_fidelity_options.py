@@ -2,14 +2,12 @@
 pruned models compute the paper's running mean, --cross-self-attention threads the
 decoder path, and TorchScript fails with one clear sentence."""
 
+import paper_reference as ref
 import pytest
 import torch
-
-from fairseq.modules.layer_drop import LayerDropModuleList
-
-import paper_reference as ref
 from cli_helpers import TINY_FLAGS, run
 from conftest import USER_DIR, batch, build
+from fairseq.modules.layer_drop import LayerDropModuleList
 from test_incremental_decoding import step_by_step
 
 from realformer_nmt.errors import ConfigError
@@ -65,19 +63,37 @@ def test_layerdrop_with_fixed_kept_set_equals_pruned_model(dictionary, monkeypat
     src, lengths, tgt = batch(dictionary)
     pruned = pruned_copy(dictionary, model, **settings)
     with torch.no_grad():
-        dropped, _ = model(src, lengths, tgt)
         small, _ = pruned(src, lengths, tgt)
-        params = dict(model.named_parameters())
-        enc_m, dec_m = model.encoder, model.decoder
-        src_pad = src.eq(enc_m.padding_idx)
-        x = (enc_m.embed_scale * enc_m.embed_tokens(src) + enc_m.embed_positions(src)) * (~src_pad).unsqueeze(-1)
-        heads, want_paths = enc_m.layers[0].self_attn.num_heads, {paths}
-        enc = ref.encoder(params, x, src_pad, 4, heads, want_paths, mode, kept=ENC_KEPT)
-        y = dec_m.embed_scale * dec_m.embed_tokens(tgt) + dec_m.embed_positions(tgt)
-        feats = ref.decoder(params, y, enc, src_pad, 3, heads, want_paths, mode, kept=DEC_KEPT)
-        want = feats @ dec_m.output_projection.weight.t()
+    dropped, _ = model(src, lengths, tgt)
+    params = dict(model.named_parameters())
+    enc_m, dec_m = model.encoder, model.decoder
+    src_pad = src.eq(enc_m.padding_idx)
+    x = (enc_m.embed_scale * enc_m.embed_tokens(src) + enc_m.embed_positions(src)) * (~src_pad).unsqueeze(-1)
+    heads, want_paths = enc_m.layers[0].self_attn.num_heads, {paths}
+    enc = ref.encoder(params, x, src_pad, 4, heads, want_paths, mode, kept=ENC_KEPT)
+    y = dec_m.embed_scale * dec_m.embed_tokens(tgt) + dec_m.embed_positions(tgt)
+    feats = ref.decoder(params, y, enc, src_pad, 3, heads, want_paths, mode, kept=DEC_KEPT)
+    want = feats @ dec_m.output_projection.weight.t()
     assert (dropped - small).abs().max() < 1e-5
     assert (dropped - want).abs().max() < 1e-5
+    assert_same_gradients(model, dropped, want)
+
+
+def assert_same_gradients(model, got, want, tol=1e-5):
+    """Every parameter's gradient of one loss over ``got`` (the model) and over ``want``
+    (the formula written out with the same parameters) agree; an unreached parameter
+    counts as a zero gradient. At least one gradient is non-zero."""
+    params = [p for _, p in model.named_parameters()]
+    weights = torch.randn(got.shape, generator=torch.Generator().manual_seed(7))
+    g_got = torch.autograd.grad((got * weights).sum(), params, allow_unused=True, retain_graph=True)
+    g_want = torch.autograd.grad((want * weights).sum(), params, allow_unused=True)
+    nonzero = 0
+    for (name, p), a, b in zip(model.named_parameters(), g_got, g_want):
+        a = torch.zeros_like(p) if a is None else a
+        b = torch.zeros_like(p) if b is None else b
+        assert (a - b).abs().max() < tol, name
+        nonzero += int(a.abs().max() > 0)
+    assert nonzero > 0
 
 
 def test_layerdrop_mean_divides_by_the_layers_that_ran(dictionary, monkeypatch):
@@ -143,12 +159,13 @@ def test_cross_self_attention_matches_paper_formula(dictionary, mode, kernel):
     model = build(dictionary=dictionary, cross_self_attention=True, residual_attention_mode=mode,
                   residual_attention_kernel=kernel).train()
     src, lengths, tgt = batch(dictionary)
+    got, _ = model(src, lengths, tgt)
+    want = cross_self_reference(model, src, tgt, mode)
     with torch.no_grad():
-        got, _ = model(src, lengths, tgt)
-        want = cross_self_reference(model, src, tgt, mode)
         plain, _ = build(dictionary=dictionary, residual_attention_mode=mode).train()(src, lengths, tgt)
     assert (got - want).abs().max() < 1e-5
     assert (got - plain).abs().max() > 1e-3  # the option really changes the keys
+    assert_same_gradients(model, got, want)
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean"])
@@ -191,7 +208,8 @@ def test_cross_self_attention_trains_and_generates_through_the_cli(data_bin, tmp
 @pytest.mark.parametrize("paths", ["encoder,decoder,cross", "none"])
 def test_torchscript_fails_at_once_with_one_clear_sentence(dictionary, paths):
     model = build(dictionary=dictionary, residual_attention_paths=paths)
-    with pytest.raises(ConfigError, match=r"torch\.jit\.script does not support realformer_transformer.*torch\.compile"):
+    with pytest.raises(ConfigError,
+                       match=r"torch\.jit\.script does not support realformer_transformer.*torch\.compile"):
         torch.jit.script(model)
 
 

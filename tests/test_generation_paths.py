@@ -21,7 +21,6 @@ from types import SimpleNamespace
 import pytest
 import sacrebleu
 import torch
-
 from cli_helpers import TINY_FLAGS
 from conftest import USER_DIR
 from generation_helpers import (

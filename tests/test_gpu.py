@@ -27,11 +27,10 @@ set at a quarter of bf16's, leaving room for what fp16 rounds differently on CUD
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import batch, build
 
 from realformer_nmt.modules import ResidualMultiheadAttention
 from realformer_nmt.modules.residual_attention import KERNELS
-
-from conftest import batch, build
 
 CUDA = torch.cuda.is_available()
 DEVICES = [

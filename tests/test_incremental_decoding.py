@@ -2,10 +2,8 @@
 
 import pytest
 import torch
-
-from fairseq.sequence_generator import SequenceGenerator
-
 from conftest import batch, build
+from fairseq.sequence_generator import SequenceGenerator
 
 CONFIGS = [
     dict(),

@@ -11,8 +11,8 @@ test_paper_formula.py, test_incremental_decoding.py and test_fidelity_options.py
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import batch, build, make_dictionary
+
 from realformer_nmt.modules import ResidualMultiheadAttention
 from realformer_nmt.modules import residual_attention as ra
 

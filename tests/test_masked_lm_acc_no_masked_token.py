@@ -8,9 +8,9 @@ import types
 
 import pytest
 import torch
-
 from bert_helpers import bert_batch, bert_dictionary, build_bert
 from fairseq.criterions.masked_lm import MaskedLmConfig, MaskedLmLoss
+
 from realformer_nmt.criterions.masked_lm_acc import MaskedLmAccuracyLoss, count_correct
 
 

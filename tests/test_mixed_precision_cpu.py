@@ -17,7 +17,8 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-
+from cli_helpers import TINY_FLAGS, run
+from conftest import USER_DIR, batch, build
 from fairseq import checkpoint_utils, options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models.fairseq_model import BaseFairseqModel
@@ -27,9 +28,6 @@ from fairseq.trainer import Trainer
 from realformer_nmt.errors import ConfigError
 from realformer_nmt.fairseq_patches import cpu_bf16
 from realformer_nmt.modules import ResidualMultiheadAttention
-
-from cli_helpers import TINY_FLAGS, run
-from conftest import USER_DIR, batch, build
 
 TRAIN_INNER = re.compile(r"\| train_inner \|.*? loss=([-\d.na]+),.*?num_updates=(\d+)(.*)")
 UPDATES = 30

@@ -1,10 +1,9 @@
 """The model computes the paper's formula: checked against tests/paper_reference.py,
 a plain re-derivation on the model's own weights, path by path."""
 
+import paper_reference as ref
 import pytest
 import torch
-
-import paper_reference as ref
 from conftest import batch, build
 
 PATH_SETS = ["encoder", "decoder", "cross", "encoder,decoder,cross", "none"]
@@ -38,8 +37,9 @@ def build_ln(dictionary, ln, **overrides):
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 @pytest.mark.parametrize("paths", PATH_SETS)
 def test_model_matches_paper_formula(dictionary, paths, mode, ln, kernel):
-    """In training mode (dropout is 0 here) every path runs the chosen kernel; in
-    eval mode fairseq asks every cross-attention for weights, which materializes."""
+    """In training mode (dropout is 0 here) every path runs the chosen kernel; in eval
+    mode the cross attention of fairseq's alignment layer (the last) returns weights and
+    so runs materialized, the other layers the chosen kernel (tests/test_kernels_agree.py)."""
     model = build_ln(dictionary, ln, residual_attention_paths=paths, residual_attention_mode=mode,
                      residual_attention_kernel=kernel).train()
     src, lengths, tgt = batch(dictionary)

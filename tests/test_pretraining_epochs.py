@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import BIN, cli_env
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
+
 from realformer_nmt.data import pretraining
 from realformer_nmt.errors import DataError
 from realformer_nmt.fairseq_patches import epoch_workers

@@ -19,17 +19,16 @@ import zipfile
 import numpy as np
 import pytest
 import torch
+from conftest import BIN, REPO, USER_DIR, cli_env
 
 import realformer_nmt  # noqa: F401  (allow-lists fairseq's types, wraps the loader)
+from realformer_nmt.errors import CheckpointFileError, UnsafeCheckpointError
 from realformer_nmt.fairseq_patches import safe_checkpoint_loading as checkpoint_safety
 from realformer_nmt.fairseq_patches.safe_checkpoint_loading import (
     FAIRSEQ_CHECKPOINT_GLOBALS,
     allow_fairseq_checkpoint_types,
     install_safe_checkpoint_loading,
 )
-from realformer_nmt.errors import CheckpointFileError, UnsafeCheckpointError
-
-from conftest import BIN, REPO, USER_DIR, cli_env
 
 SYSTEM = f"{os.system.__module__}.{os.system.__name__}"  # posix.system on Linux
 
@@ -199,7 +198,7 @@ def _no_payload_ran(marker):
 def _assert_refused_cli(proc, path, offending):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    lines = [l for l in proc.stderr.splitlines() if l.startswith("realformer_nmt: error:")]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("realformer_nmt: error:")]
     assert len(lines) == 1, proc.stderr[-3000:]
     assert str(path) in lines[0] and offending in lines[0], lines[0]
     assert "weights_only" not in lines[0]

@@ -2,7 +2,6 @@
 traceback, and nothing written; changed residual settings on load get a warning."""
 
 import pytest
-
 from cli_helpers import TINY_FLAGS, run
 from conftest import USER_DIR
 

@@ -30,10 +30,8 @@ import subprocess
 
 import numpy as np
 import pytest
-
-from conftest import BIN, USER_DIR, cli_env
 from cli_helpers import TINY_FLAGS, binarize, run, write_reversal_corpus
-
+from conftest import BIN, USER_DIR, cli_env
 from fairseq.data import Dictionary, data_utils
 
 LONG = " ".join("abcdefghij"[k % 10] for k in range(30))  # 31 tokens with EOS > 16

@@ -4,12 +4,10 @@ import subprocess
 
 import pytest
 import torch
-
+from conftest import BIN, USER_DIR, batch, build, cli_env
 from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler
 
-from realformer_nmt.modules import ResidualMultiheadAttention, ResidualState
-
-from conftest import BIN, USER_DIR, batch, build, cli_env
+from realformer_nmt.modules import ResidualMultiheadAttention
 
 DEEP = dict(encoder_layers=48, decoder_layers=48, encoder_embed_dim=16, decoder_embed_dim=16,
             encoder_ffn_embed_dim=16, decoder_ffn_embed_dim=16,

@@ -51,12 +51,11 @@ import time
 
 import pytest
 import torch
-
-from conftest import BIN, USER_DIR, cli_env
 from cli_helpers import TINY_FLAGS
-
+from conftest import BIN, USER_DIR, cli_env
 from fairseq import file_io
 from fairseq.file_io import PathManager
+
 from realformer_nmt import fairseq_patches
 from realformer_nmt.fairseq_patches import atomic_checkpoint_copies as atomic_checkpoints
 
@@ -195,7 +194,7 @@ def test_fairseqs_own_copy_failing_midway_truncates_the_destination(tmp_path, mo
     with pytest.raises(OSError, match="No space left"):
         original(str(src), str(dst), overwrite=True)
     assert 0 < dst.stat().st_size < src.stat().st_size
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError, match="failed reading zip archive"):
         load(dst)
 
 

@@ -20,12 +20,11 @@ import copy
 
 import pytest
 import torch
+from conftest import batch, build
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._inductor.exc import InvalidCxxCompiler
 
 from realformer_nmt.modules import ResidualMultiheadAttention
-
-from conftest import batch, build
 
 TOL = 1e-5
 

@@ -7,9 +7,9 @@ import collections
 import re
 
 import pytest
-
 from bert_helpers import WIKITEXT2
 from fairseq.data import encoders
+
 from realformer_nmt.data.wordpiece import WordPieceBPE, WordPieceTokenizer, is_uncased
 
 # the vocabulary of Google's tokenization_test.py

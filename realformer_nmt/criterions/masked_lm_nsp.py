@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-
 from fairseq import modules, utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass

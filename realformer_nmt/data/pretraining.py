@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 
 from ..errors import DataError
 from . import pipeline, wikitext
@@ -91,7 +90,7 @@ def pretraining_settings(raw_dir, vocab_size=None, train_file=None, valid_file=N
 def prepare_pretraining(raw_dir, out_dir, vocab_size=None, work_dir=None, train_file=None,
                         valid_file=None, model_type="bpe", log=None):
     """Build the pre-training data dir ``out_dir``; return the summary (also in prepare.json)."""
-    log = log or _log
+    log = log or pipeline.log
     settings, key = pretraining_settings(raw_dir, vocab_size, train_file, valid_file, model_type)
     done = prepared(out_dir)
     if done is not None and done.get("key") == key:
@@ -173,7 +172,7 @@ def prepare_pretraining(raw_dir, out_dir, vocab_size=None, work_dir=None, train_
         "settings": settings,
         "documents": steps["documents"],
         "pieces": steps["pieces"],
-        "dictionary_size": _dict_size(os.path.join(out_dir, "dict.txt")),
+        "dictionary_size": pipeline.dictionary_size(os.path.join(out_dir, "dict.txt"), extra=1),  # + <mask>
         "out_dir": os.path.abspath(out_dir),
         "work_dir": work_dir,
         "spm_model": os.path.abspath(os.path.join(out_dir, "spm.model")),
@@ -198,12 +197,6 @@ def _document_lines(documents):
             lines.append("")
         lines.extend(doc)
     return lines
-
-
-def _dict_size(path):
-    """Symbols of the model's dictionary: fairseq's four specials, dict.txt, and <mask>."""
-    with open(path, encoding="utf-8") as f:
-        return 4 + sum(1 for _ in f) + 1
 
 
 def _sha256(path):
@@ -242,6 +235,3 @@ def _remove(path):
     if os.path.exists(path):
         os.remove(path)
 
-
-def _log(message):
-    print(message, file=sys.stderr, flush=True)

@@ -32,7 +32,6 @@ import time
 import types
 
 import torch
-
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
@@ -286,7 +285,7 @@ def run_config(size, length, variants, *, tokens, alternations, warmup, beam, de
         }
     if base:
         b = out["variants"][base]
-        for v, r in out["variants"].items():
+        for r in out["variants"].values():
             r["train_speed_ratio"] = r["train_tokens_per_second"] / b["train_tokens_per_second"]
             r["decode_speed_ratio"] = r["decode_sentences_per_second"] / b["decode_sentences_per_second"]
             r["activation_ratio"] = r["saved_activations_mib"] / b["saved_activations_mib"]
@@ -311,16 +310,18 @@ def markdown_table(result):
         "| beam sent/s | x vanilla |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+
+    def ratio(r, key):
+        return f"{r[key]:.2f}" if r.get(key) is not None else "-"
+
     for c in result["configs"]:
         for v, r in c["variants"].items():
-            def ratio(key):
-                return f"{r[key]:.2f}" if r.get(key) is not None else "-"
             peak = f"{r['peak_memory_mib']:.0f}" if r.get("peak_memory_mib") else "-"
             lines.append(
                 f"| {c['size']} | {c['length']} | {v} | {r['train_tokens_per_second']:.0f} | "
-                f"{ratio('train_speed_ratio')} | {peak} | {ratio('peak_memory_ratio')} | "
-                f"{r['saved_activations_mib']:.0f} | {ratio('activation_ratio')} | "
-                f"{r['decode_sentences_per_second']:.2f} | {ratio('decode_speed_ratio')} |"
+                f"{ratio(r, 'train_speed_ratio')} | {peak} | {ratio(r, 'peak_memory_ratio')} | "
+                f"{r['saved_activations_mib']:.0f} | {ratio(r, 'activation_ratio')} | "
+                f"{r['decode_sentences_per_second']:.2f} | {ratio(r, 'decode_speed_ratio')} |"
             )
     return "\n".join(lines) + "\n"
 

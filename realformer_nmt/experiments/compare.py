@@ -174,8 +174,8 @@ def test_references(data, references=None):
         try:
             with open(os.path.join(data, "prepare.json"), encoding="utf-8") as f:
                 references = os.path.join(json.load(f)["raw_dir"], "test.de")
-        except (OSError, ValueError, KeyError):
-            raise DataError(f"--data {data} has no prepare.json naming its raw text: pass --references FILE")
+        except (OSError, ValueError, KeyError) as exc:
+            raise DataError(f"--data {data} has no prepare.json naming its raw text: pass --references FILE") from exc
     if not os.path.isfile(references):
         raise DataError(f"test references {references} not found (pass --references FILE)")
     return references

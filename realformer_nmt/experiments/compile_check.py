@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 

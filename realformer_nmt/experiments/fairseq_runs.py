@@ -255,7 +255,7 @@ def same_recipe(cmd_a, cmd_b):
     def key(cmd):
         cmd = [str(c) for c in (cmd or [])]
         out, skip = [os.path.basename(cmd[0])] if cmd else [], False
-        for i, c in enumerate(cmd[1:], 1):
+        for c in cmd[1:]:
             if skip:
                 skip = False
                 continue

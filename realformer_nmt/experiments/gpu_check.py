@@ -42,11 +42,13 @@ import xml.etree.ElementTree as ElementTree
 from typing import Dict, List, Optional
 
 import realformer_nmt
+
 from ..errors import ConfigError
 from ..modules.residual_attention import KERNELS
 from . import distributed_runs, fairseq_runs
 
 STEPS = ("tests", "train", "ddp", "speed")
+STEP_SECONDS = 480  # a step must finish in 8 minutes: each fits one 10-minute device command
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(realformer_nmt.__file__)))
 USER_DIR = os.path.dirname(os.path.abspath(realformer_nmt.__file__))
 DEFAULT_OUT = os.path.join("results", "gpu")
@@ -238,7 +240,7 @@ class GpuCheck:
         with open(log_path, "w", encoding="utf-8") as out:
             try:
                 proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env(threads=os.cpu_count()),
-                                      timeout=900, cwd=os.getcwd())
+                                      timeout=STEP_SECONDS, cwd=os.getcwd())
                 code = proc.returncode
             except subprocess.TimeoutExpired:
                 code = None
@@ -247,7 +249,8 @@ class GpuCheck:
         details = dict(command=portable(cmd), log=rel(log_path), counts=counts, failed_tests=failed,
                        skip_reasons=skip_reasons, pytest_summary=tail[0] if tail else None)
         if code is None:
-            return [check("pytest", "failed", "pytest ran past 15 minutes", **details)]
+            return [check("pytest", "failed", f"pytest ran past {STEP_SECONDS // 60} minutes (a step must fit "
+                          "one 10-minute device command)", **details)]
         if code not in (0, 5) or counts["failed"] or counts["errors"]:
             return [check("pytest", "failed", f"pytest exit code {code}: {len(failed)} failed", **details)]
         if counts["passed"] == 0:
@@ -263,14 +266,14 @@ class GpuCheck:
 
     def ensure_data(self):
         """The demo corpus (``make demo``'s, ``data-bin/demo_en_de``), prepared once."""
-        from ..data import pipeline
+        from ..data import corpora
 
         s = self.sizes
-        wanted = pipeline.prepare_settings("synthetic", vocab_size=s.vocab, seed=1, synthetic_sizes=s.synthetic_sizes)
+        wanted = corpora.prepare_settings("synthetic", vocab_size=s.vocab, seed=1, synthetic_sizes=s.synthetic_sizes)
         with self._lock:
-            if pipeline.prepared_settings(s.data) != wanted:
+            if corpora.prepared_settings(s.data) != wanted:
                 self._log(f"[gpu-check] preparing the demo corpus in {rel(s.data)}")
-                pipeline.prepare("synthetic", s.data, vocab_size=s.vocab, seed=1, synthetic_sizes=s.synthetic_sizes)
+                corpora.prepare("synthetic", s.data, vocab_size=s.vocab, seed=1, synthetic_sizes=s.synthetic_sizes)
         with open(os.path.join(s.data, "prepare.json"), encoding="utf-8") as f:
             return json.load(f)
 

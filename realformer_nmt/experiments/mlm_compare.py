@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import ConfigError, DataError
 from . import fairseq_runs
-from .compare import BACKBONES, USER_DIR, _COLORS, _fmt, _pyplot, _seconds, machine_description, parallel_note
+from .compare import _COLORS, BACKBONES, USER_DIR, _fmt, _pyplot, _seconds, machine_description, parallel_note
 
 BACKBONE_DESCRIPTIONS = {
     "postln": "fairseq `roberta` (Post-LN BERT)",
@@ -296,7 +296,8 @@ def plot_comparison(summary, path):
         ax.grid(alpha=0.3)
     axes[0].legend()
     n = len(summary[backbones[0]]["seeds"])
-    fig.suptitle(f"{summary['title']}: Post-LN vs Pre-LN vs RealFormer ({'1 seed' if n == 1 else f'mean of {n} seeds'})")
+    seeds = "1 seed" if n == 1 else f"mean of {n} seeds"
+    fig.suptitle(f"{summary['title']}: Post-LN vs Pre-LN vs RealFormer ({seeds})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -53,7 +53,6 @@ import logging
 import sys
 
 import torch
-
 from fairseq import options
 from fairseq import utils as fairseq_utils
 from fairseq.models.fairseq_model import BaseFairseqModel

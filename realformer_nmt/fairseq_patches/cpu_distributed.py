@@ -51,10 +51,9 @@ import os
 import socket
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
-
 from fairseq.distributed import utils as distributed_utils
 from fairseq.models import distributed_fairseq_model
+from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import ConfigError
 

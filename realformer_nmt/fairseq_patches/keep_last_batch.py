@@ -17,7 +17,6 @@ sentences prints 13 hypotheses with the patch uninstalled
 import functools
 
 import numpy as np
-
 from fairseq.data import data_utils
 
 

@@ -22,7 +22,6 @@ both datasets.
 import types
 
 import numpy as np
-
 from fairseq.data import bucket_pad_length_dataset, data_utils
 
 

@@ -1,10 +1,11 @@
 """Load fairseq checkpoints under torch's ``weights_only`` unpickler, and nothing else.
 
-Bug (fairseq 0.12 under torch >= 2.6): since torch 2.6, ``torch.load`` defaults to ``weights_only=True``: only tensors, plain
-containers and explicitly allow-listed globals may be unpickled, so a checkpoint cannot
-run code when it is opened. fairseq 0.12 predates that and its checkpoints hold a few
-other types (``argparse.Namespace`` above all), so every vanilla ``fairseq-generate``
-fails; and the usual workaround (turning ``weights_only`` off) lets a checkpoint run code.
+Bug (fairseq 0.12 under torch >= 2.6): since torch 2.6, ``torch.load`` defaults to
+``weights_only=True``: only tensors, plain containers and explicitly allow-listed globals
+may be unpickled, so a checkpoint cannot run code when it is opened. fairseq 0.12 predates
+that and its checkpoints hold a few other types (``argparse.Namespace`` above all), so
+every vanilla ``fairseq-generate`` fails; and the usual workaround (turning
+``weights_only`` off) lets a checkpoint run code.
 ``install`` (run by ``import realformer_nmt`` and ``--user-dir realformer_nmt``) fixes
 that the safe way:
 

@@ -1,5 +1,5 @@
-from .residual_attention import KERNELS, RESIDUAL_MODES, ResidualMultiheadAttention, ResidualState
 from .realformer_layer import RealFormerDecoderLayer, RealFormerEncoderLayer
+from .residual_attention import KERNELS, RESIDUAL_MODES, ResidualMultiheadAttention, ResidualState
 
 __all__ = [
     "KERNELS",

@@ -11,14 +11,13 @@ import contextlib
 from typing import Dict, List, Optional
 
 import torch
-from torch import Tensor
-from torch.utils.checkpoint import checkpoint as torch_checkpoint
-
 from fairseq.distributed import fsdp_wrap
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
 )
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from .dropout_names import use_fairseq_dropout_names
 from .residual_attention import ResidualMultiheadAttention, ResidualState

@@ -67,11 +67,10 @@ from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-from torch.utils.checkpoint import checkpoint
-
 from fairseq import utils
 from fairseq.modules import MultiheadAttention
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from .dropout_names import use_fairseq_dropout_names
 

@@ -19,8 +19,6 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
-from omegaconf import II, MISSING
-
 from fairseq import utils
 from fairseq.data import (
     IdDataset,
@@ -35,6 +33,7 @@ from fairseq.data import (
 from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import register_task
 from fairseq.tasks.masked_lm import MaskedLMTask
+from omegaconf import II, MISSING
 
 from ..errors import ConfigError, DataError
 from .next_sentence_pairs import (

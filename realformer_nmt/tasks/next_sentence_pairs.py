@@ -25,7 +25,6 @@ from functools import lru_cache
 
 import numpy as np
 import torch
-
 from fairseq.data import BaseWrapperDataset, FairseqDataset
 
 from ..errors import DataError
@@ -155,14 +154,31 @@ class NextSentencePairsDataset(FairseqDataset):
     def __getitem__(self, index):
         return self._tokens(self.seed, self.epoch, index)
 
-    @lru_cache(maxsize=16)
+    # Small per-instance caches (a pair's lengths and tokens are asked for by several
+    # wrappers in a row). Per instance, not lru_cache on the methods: a class-level cache
+    # would keep every dataset ever built alive. Dropped when the dataset is pickled
+    # (DataLoader workers under spawn).
+    def _cached(self, name, maxsize, fn, *key):
+        cache = self.__dict__.get(name)
+        if cache is None:
+            cache = self.__dict__[name] = lru_cache(maxsize=maxsize)(fn)
+        return cache(*key)
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_cache_")}
+
     def _tokens(self, seed, epoch, index):
+        return self._cached("_cache_tokens", 16, self._tokens_uncached, seed, epoch, index)
+
+    def _draw(self, seed, epoch, index):
+        """Segment indices ``(a, b)`` and the label of pair ``index``."""
+        return self._cached("_cache_draw", 64, self._draw_uncached, seed, epoch, index)
+
+    def _tokens_uncached(self, seed, epoch, index):
         a, b, _ = self._draw(seed, epoch, index)
         return torch.cat([self._read(*self.segments[a]), self._read(*self.segments[b])])
 
-    @lru_cache(maxsize=64)
-    def _draw(self, seed, epoch, index):
-        """Segment indices ``(a, b)`` and the label of pair ``index``."""
+    def _draw_uncached(self, seed, epoch, index):
         a = int(self.first_segments[index])
         rng = np.random.default_rng([seed, epoch, index])
         if rng.random() < self.next_prob:

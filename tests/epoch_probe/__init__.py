@@ -7,9 +7,10 @@ import hashlib
 import json
 import os
 
-import realformer_nmt  # noqa: F401  (registers the models, tasks, criterions, patches)
 from fairseq.criterions import register_criterion
 from fairseq.criterions.masked_lm import MaskedLmConfig
+
+import realformer_nmt  # noqa: F401  (registers the models, tasks, criterions, patches)
 from realformer_nmt.criterions.masked_lm_acc import MaskedLmAccuracyLoss
 from realformer_nmt.criterions.masked_lm_nsp import MaskedLmNspConfig, MaskedLmNspLoss
 

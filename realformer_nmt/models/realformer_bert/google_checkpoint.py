@@ -42,7 +42,7 @@ import torch
 
 from ...errors import CheckpointFileError, ConfigError
 from .model import GOOGLE_NSP_HEAD
-from .tf_checkpoint import TFCheckpoint, TFCheckpointError
+from .tf_checkpoint import TFCheckpointError, open_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -213,13 +213,14 @@ def read_vocab(path: str) -> List[str]:
 
 def read_google_checkpoint(
     source: str, workdir: Optional[str] = None, checkpoint: Optional[str] = None,
-    ignore: Optional[str] = None, verify: bool = True,
+    ignore: Optional[str] = None, verify: bool = True, reader: str = "builtin",
 ) -> GoogleCheckpoint:
     """Read a released zip, a folder (e.g. the unzipped one) or a checkpoint's ``.index``.
 
     ``workdir``: where a zip is extracted (required for zips). ``checkpoint``: the file
     name prefix when there are several. ``ignore``: a regex of further variable names to
-    skip. ``verify``: check every tensor's CRC32C.
+    skip. ``verify``: check every tensor's CRC32C. ``reader``: ``builtin`` (NumPy only) or
+    ``tensorflow`` (TensorFlow's own reader, if installed).
     """
     source = os.fspath(source)
     if os.path.isfile(source) and zipfile.is_zipfile(source):
@@ -246,7 +247,7 @@ def read_google_checkpoint(
     except re.error as e:
         raise ConfigError(f"--ignore-variables {ignore!r} is not a regular expression ({e})") from None
     try:
-        tf = TFCheckpoint(prefix)
+        tf = open_checkpoint(prefix, reader)
         logger.info("checkpoint %s: %d variables", os.path.basename(prefix), len(tf.entries))
         expected = model_variables(config)
         skipped = {"optimizer slots": 0, "bookkeeping": 0, "--ignore-variables": 0}
@@ -441,14 +442,16 @@ def _write_text(path: str, text: str):
 
 
 def convert(source: str, out_dir: str, checkpoint: Optional[str] = None, ignore: Optional[str] = None,
-            verify: bool = True) -> dict:
+            verify: bool = True, reader: str = "builtin") -> dict:
     """Convert ``source`` (zip, folder or ``.index``; see ``read_google_checkpoint``) into
     ``out_dir``; returns the summary also written to ``out_dir/conversion.json``.
     Re-running overwrites. A zip is extracted to a temporary folder (``$TMPDIR``)."""
     with tempfile.TemporaryDirectory(prefix="google_ckpt_") as workdir:
-        ckpt = read_google_checkpoint(source, workdir=workdir, checkpoint=checkpoint, ignore=ignore, verify=verify)
+        ckpt = read_google_checkpoint(source, workdir=workdir, checkpoint=checkpoint, ignore=ignore, verify=verify,
+                                      reader=reader)
     summary = write_fairseq_checkpoint(ckpt, out_dir)
-    summary.update(source=os.path.basename(os.path.normpath(source)), checksums_verified=verify)
+    summary.update(source=os.path.basename(os.path.normpath(source)), checksums_verified=verify or reader != "builtin",
+                   reader=reader)
     _write_text(os.path.join(out_dir, "conversion.json"), json.dumps(summary, indent=2) + "\n")
     return summary
 

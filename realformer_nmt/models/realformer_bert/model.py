@@ -78,7 +78,7 @@ class RealFormerBertModel(RobertaModel):
     def add_args(parser):
         RobertaModel.add_args(parser)
         residual_config.add_args(parser, available=PATHS)
-        group = parser.add_argument_group("BERT-exact options (Google's TF BERT; off by default)")
+        group = residual_config.argument_group(parser, "BERT-exact options (Google's TF BERT; off by default)")
         group.add_argument(
             "--num-segments", type=int, metavar="N",
             help="segment (token type) embeddings added to the input, ids derived from the tokens as "

@@ -26,7 +26,8 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["TFCheckpoint", "TFCheckpointError", "Entry", "crc32c", "find_checkpoint_prefix"]
+__all__ = ["TFCheckpoint", "TensorFlowCheckpoint", "open_checkpoint", "READERS", "TFCheckpointError", "Entry",
+           "crc32c", "find_checkpoint_prefix"]
 
 
 class TFCheckpointError(ValueError):
@@ -333,7 +334,7 @@ class TFCheckpoint:
             with open(self.index_path, "rb") as f:
                 table = f.read()
         except OSError as e:
-            raise TFCheckpointError(f"cannot read TensorFlow checkpoint index {self.index_path}: {e.strerror}")
+            raise TFCheckpointError(f"cannot read TensorFlow checkpoint index {self.index_path}: {e.strerror}") from e
         self.entries: Dict[str, Entry] = {}
         header = None
         try:
@@ -343,7 +344,7 @@ class TFCheckpoint:
                 else:
                     self.entries[key.decode("utf-8")] = _parse_entry(value)
         except (ValueError, struct.error, UnicodeDecodeError) as e:
-            raise TFCheckpointError(f"{self.index_path} is not a TensorFlow V2 checkpoint index ({e})")
+            raise TFCheckpointError(f"{self.index_path} is not a TensorFlow V2 checkpoint index ({e})") from e
         if header is None:
             raise TFCheckpointError(f"{self.index_path} has no bundle header: not a TensorFlow V2 checkpoint index")
         self.num_shards, endianness = header
@@ -384,7 +385,7 @@ class TFCheckpoint:
                 f.seek(entry.offset)
                 data = f.read(entry.size)
         except OSError as e:
-            raise TFCheckpointError(f"cannot read {path}: {e.strerror}")
+            raise TFCheckpointError(f"cannot read {path}: {e.strerror}") from e
         if len(data) != entry.size:
             raise TFCheckpointError(
                 f"{path} is truncated: {name} needs bytes {entry.offset}..{entry.offset + entry.size}")
@@ -394,3 +395,57 @@ class TFCheckpoint:
         if entry.dtype == _BFLOAT16:
             array = (array.astype(np.uint32) << 16).view(np.float32)
         return array.astype(dtype.newbyteorder("=") if entry.dtype != _BFLOAT16 else np.float32, copy=True)
+
+
+class TensorFlowCheckpoint:
+    """The same interface over TensorFlow's own reader (``tf.train.load_checkpoint``), for
+    users who have TensorFlow and prefer the maintained implementation (``--reader
+    tensorflow``; ``pip install tensorflow-cpu``). TensorFlow is imported here only, when
+    this class is used; it checks every tensor's CRC32C itself (``verify`` is ignored)."""
+
+    def __init__(self, path: str):
+        try:
+            import tensorflow as tf
+        except ImportError:
+            raise TFCheckpointError(
+                "--reader tensorflow needs TensorFlow (pip install tensorflow-cpu); the default "
+                "--reader builtin needs nothing beyond NumPy") from None
+        self.prefix = find_checkpoint_prefix(path)
+        self.index_path = self.prefix + ".index"
+        try:
+            self._reader = tf.train.load_checkpoint(self.prefix)
+        except Exception as e:  # TensorFlow raises its own error types (DataLossError, NotFoundError, ...)
+            raise TFCheckpointError(f"TensorFlow cannot read {self.index_path}: {str(e).splitlines()[0]}") from e
+        shapes = self._reader.get_variable_to_shape_map()
+        dtypes = self._reader.get_variable_to_dtype_map()
+        self.entries: Dict[str, Entry] = {
+            name: Entry(dtype=int(dtypes[name].as_datatype_enum), shape=tuple(int(d) for d in shape), shard_id=0,
+                        offset=0, size=0, crc32c=None, sliced=False)
+            for name, shape in shapes.items()}
+
+    names = TFCheckpoint.names
+    __contains__ = TFCheckpoint.__contains__
+    entry = TFCheckpoint.entry
+
+    def read(self, name: str, verify: bool = True) -> np.ndarray:
+        """The variable as a NumPy array (bfloat16 widened to float32, as the builtin reader)."""
+        self.entry(name)
+        try:
+            array = np.asarray(self._reader.get_tensor(name))
+        except Exception as e:
+            raise TFCheckpointError(f"TensorFlow cannot read {name} from {self.prefix}: "
+                                    f"{str(e).splitlines()[0]}") from e
+        if self.entries[name].dtype == _BFLOAT16:
+            array = array.astype(np.float32)
+        return np.array(array, copy=True)
+
+
+READERS = {"builtin": TFCheckpoint, "tensorflow": TensorFlowCheckpoint}
+
+
+def open_checkpoint(path: str, reader: str = "builtin"):
+    """A checkpoint opened with ``reader``: ``builtin`` (this module, NumPy only; the
+    default) or ``tensorflow`` (TensorFlow's own reader, when TensorFlow is installed)."""
+    if reader not in READERS:
+        raise TFCheckpointError(f"--reader must be one of {', '.join(READERS)}, not {reader!r}")
+    return READERS[reader](path)

@@ -3,14 +3,13 @@ encoder-decoder (cross) attention paths."""
 
 from typing import Dict, List, Optional
 
-from torch import Tensor
-
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
+from torch import Tensor
 
 from ... import residual_config
 from ...errors import ConfigError
-from ...modules.realformer_layer import RealFormerDecoderLayer, wrap_layer
 from ...modules.dropout_names import use_fairseq_dropout_names
+from ...modules.realformer_layer import RealFormerDecoderLayer, wrap_layer
 from ...modules.residual_attention import ResidualState
 
 

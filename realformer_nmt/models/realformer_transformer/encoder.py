@@ -3,13 +3,12 @@
 from typing import Optional
 
 import torch
+from fairseq.models.transformer import TransformerConfig, TransformerEncoderBase
 from torch import Tensor
 
-from fairseq.models.transformer import TransformerConfig, TransformerEncoderBase
-
 from ... import residual_config
-from ...modules.realformer_layer import RealFormerEncoderLayer, wrap_layer
 from ...modules.dropout_names import use_fairseq_dropout_names
+from ...modules.realformer_layer import RealFormerEncoderLayer, wrap_layer
 from ...modules.residual_attention import ResidualState
 
 
