@@ -68,6 +68,23 @@ def _checked_popen_init(self, args, *rest, **kwargs):
 subprocess.Popen.__init__ = _checked_popen_init
 
 
+_TRAINING_FIXTURES = set()  # (module name, fixture name)
+
+
+def trains(fixture_function):
+    """Put under ``@pytest.fixture`` on a fixture that trains: every test that uses it,
+    directly or through another fixture, is marked slow."""
+    _TRAINING_FIXTURES.add((fixture_function.__module__, fixture_function.__name__))
+    return fixture_function
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        modules = (getattr(item.module, "__name__", None), __name__)
+        if any((m, name) in _TRAINING_FIXTURES for name in item.fixturenames for m in modules):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     global _current_item
@@ -150,6 +167,7 @@ def data_bin(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+@trains
 def trained(data_bin, tmp_path_factory):
     """(save_dir, process) of a 30-update fairseq-train run of realformer_transformer."""
     from cli_helpers import TINY_FLAGS, run

@@ -15,7 +15,7 @@ import paper_reference as ref
 import pytest
 import torch
 from cli_helpers import TINY_FLAGS, run
-from conftest import REPO, USER_DIR, batch, build, cli_env, make_dictionary
+from conftest import REPO, USER_DIR, batch, build, cli_env, make_dictionary, trains
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
 from realformer_nmt.errors import CheckpointFileError, DataError
@@ -297,6 +297,7 @@ def test_masked_tokens_are_restored_to_the_original_text():
 # --------------------------------------------------------------------------- checkpoints and the script
 
 @pytest.fixture(scope="session")
+@trains
 def trained_vanilla(data_bin, tmp_path_factory):
     """fairseq's own ``transformer``, same tiny recipe as conftest's ``trained``."""
     save = tmp_path_factory.mktemp("vanilla")
@@ -330,6 +331,7 @@ def _exact_values(checkpoint, data_bin, n):
     return {t: tuple(torch.cat(parts, -1).numpy() for parts in zip(*v)) for t, v in values.items()}
 
 
+@pytest.mark.slow
 def test_script_compares_realformer_with_vanilla_transformer(trained, trained_vanilla, data_bin, tmp_path):
     realformer = trained[0] / "checkpoint_last.pt"
     vanilla = trained_vanilla / "checkpoint_last.pt"
@@ -443,6 +445,7 @@ def test_bad_inputs_are_one_clear_sentence(trained, data_bin, tmp_path):
 
 
 @pytest.fixture(scope="session")
+@trains
 def trained_roberta(tmp_path_factory):
     """fairseq's ``roberta`` on a tiny masked-LM corpus (fairseq-preprocess --only-source)."""
     from cli_helpers import write_reversal_corpus
@@ -463,6 +466,7 @@ def trained_roberta(tmp_path_factory):
     return save / "checkpoint_last.pt", data, raw
 
 
+@pytest.mark.slow
 def test_masked_lm_checkpoint_is_analysed_on_encoder_self_attention(trained_roberta, tmp_path):
     checkpoint, data, raw = trained_roberta
     result = aa.analyze_and_report(str(checkpoint), str(data), str(tmp_path), subset="test", log=lambda m: None)

@@ -17,6 +17,7 @@ from bert_helpers import (
     pretrained_nsp,
 )
 from cli_helpers import run
+from conftest import trains
 from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 from fairseq.models.roberta import RobertaHubInterface
@@ -43,6 +44,7 @@ def labelled_sentences(n_train=96, n_valid=32):
 
 
 @pytest.fixture(scope="module")
+@trains
 def pretrained(tmp_path_factory):
     save, _ = pretrained_nsp(tmp_path_factory)
     return save / "checkpoint_last.pt"
@@ -114,6 +116,7 @@ def _hub(save_dir, data_dir, spm_model):
     return hub.eval()  # as for RoBERTa: the hub model starts in training mode (dropout on)
 
 
+@pytest.mark.slow
 def test_finetuning_restores_the_pretrained_encoder_and_adds_a_head(classifier, pretrained):
     save, log = classifier
     assert f"Loaded checkpoint {pretrained}" in log
@@ -148,6 +151,7 @@ def test_hub_reproduces_the_finetuned_valid_accuracy(classifier, labelled):
     assert valid["accuracy"] == pytest.approx(100 * right / len(inputs), abs=0.05)
 
 
+@pytest.mark.slow
 def test_regression_head_finetunes_and_hub_reproduces_the_valid_loss(regressor, labelled):
     save, log = regressor
     valid = log_records(log, "valid")[-1]

@@ -55,6 +55,7 @@ def commonest_piece_accuracy(data, split="valid"):
 MLM_UPDATES, MLM_LR, MLM_LOG_INTERVAL = 384, 3e-3, 32
 
 
+@pytest.mark.slow
 def test_masked_lm_with_accuracy_criterion_learns_beyond_the_commonest_piece(data, tmp_path):
     """384 updates, then one validation on the whole validation set (~76k masked
     positions): the MLM accuracy is at least twice that of always predicting the
@@ -73,6 +74,7 @@ def test_masked_lm_with_accuracy_criterion_learns_beyond_the_commonest_piece(dat
     assert state["cfg"]["criterion"]._name == "masked_lm_acc"
 
 
+@pytest.mark.slow
 def test_fairseq_hydra_train_runs_robertas_pretraining_config(data, tmp_path):
     """fairseq's examples/roberta/config/pretraining/base.yaml, model swapped, shrunk for CPU."""
     proc = run(

@@ -14,7 +14,7 @@ import logging
 import pytest
 import torch
 from cli_helpers import TINY_FLAGS, run
-from conftest import USER_DIR, build
+from conftest import USER_DIR, build, trains
 from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models.transformer import TransformerModel
@@ -71,6 +71,7 @@ def test_turning_tpu_off_for_bf16_is_logged(caplog):
 
 
 @pytest.fixture(scope="module")
+@trains
 def vanilla_bf16_checkpoint(data_bin, tmp_path_factory):
     save = tmp_path_factory.mktemp("vanilla_bf16")
     run("fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "transformer", *TINY_FLAGS,
@@ -78,6 +79,7 @@ def vanilla_bf16_checkpoint(data_bin, tmp_path_factory):
     return save
 
 
+@pytest.mark.slow
 def test_vanilla_checkpoint_trained_with_bf16_loads_in_float32_through_the_hub(data_bin, vanilla_bf16_checkpoint):
     hub = TransformerModel.from_pretrained(str(vanilla_bf16_checkpoint), "checkpoint_last.pt",
                                            data_name_or_path=str(data_bin))

@@ -1,5 +1,6 @@
 """Through fairseq's real command-line tools: preprocess -> train -> generate."""
 
+import pytest
 import torch
 from cli_helpers import TINY_FLAGS, run
 from conftest import USER_DIR
@@ -50,6 +51,7 @@ def test_interactive_translates_stdin(data_bin, trained):
     assert sum(line.startswith("H-") for line in proc.stdout.splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_layerdrop_trains_and_generates(data_bin, tmp_path):
     """Layerdrop training in mean mode, then a pruned model (the running mean over the
     layers kept is tested exactly in test_fidelity_options.py)."""
@@ -69,6 +71,7 @@ def test_layerdrop_trains_and_generates(data_bin, tmp_path):
 WARM_UPDATES, LR = 5, 1e-3  # TINY_FLAGS: Adam, constant lr 1e-3
 
 
+@pytest.mark.slow
 def test_finetune_realformer_from_vanilla_transformer_checkpoint(data_bin, tmp_path):
     vanilla = tmp_path / "vanilla"
     # another seed than the warm run's (TINY_FLAGS: --seed 1), so that a RealFormer left at

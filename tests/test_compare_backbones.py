@@ -60,11 +60,12 @@ def tiny_recipe(**overrides):
 # The comparison, end to end
 # --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_comparison_writes_results_then_reuses_finished_runs(m30k_slice, tmp_path):
     out, results = tmp_path / "runs", tmp_path / "results" / "m30k.json"
     messages = []
     summary = compare.compare(str(m30k_slice), str(out), tiny_recipe(), results_path=str(results),
-                              threads=1, log=messages.append)
+                              threads=1, log=messages.append, jobs=2)
 
     data = json.loads(results.read_text())  # strict JSON: no NaN
     refs = pipeline.read_lines(str(m30k_slice / "work" / "raw" / "test.de"))
@@ -121,6 +122,7 @@ def test_comparison_writes_results_then_reuses_finished_runs(m30k_slice, tmp_pat
                         threads=1, log=_quiet)
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_from_checkpoint_last(m30k_slice, tmp_path):
     """A run killed after its first checkpoint is restarted by the same call and fairseq
     continues from checkpoint_last.pt (the log shows the restore; updates add up)."""
@@ -143,6 +145,7 @@ def test_interrupted_run_resumes_from_checkpoint_last(m30k_slice, tmp_path):
 # The learning-rate sweep
 # --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sweep_marks_nan_run_diverged_without_crashing(m30k_slice, tmp_path):
     out, results = tmp_path / "sweep", tmp_path / "lr_stress.json"
     summary = compare.lr_sweep(str(m30k_slice), str(out), tiny_recipe(), lrs=[1e-3, 1e30],
@@ -221,6 +224,7 @@ def test_recipe_refuses_bad_settings():
                                      "--encoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4"]
 
 
+@pytest.mark.slow
 def test_cli_help_and_one_line_errors(tmp_path):
     script = str(REPO / "scripts" / "compare_backbones.py")
     help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
@@ -255,6 +259,7 @@ def _write_piece_corpus(raw, pieces):
         (raw / f"{split}.tgt").write_text("\n".join(ref) + "\n", encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_eval_bleu_selects_checkpoint_best_by_bleu(tmp_path):
     raw, pieces, data, save = (tmp_path / d for d in ("raw", "pieces", "bin", "ckpt"))
     for d in (raw, pieces):

@@ -47,11 +47,12 @@ def whole_validation_set(data, tokens_per_sample):
     return blocks, pieces + blocks
 
 
+@pytest.mark.slow
 def test_mlm_comparison_writes_results_then_reuses_finished_runs(wikitext2, tmp_path):
     out, results = tmp_path / "runs", tmp_path / "results" / "mlm.json"
     messages = []
     mlm_compare.compare(str(wikitext2), str(out), tiny_recipe(), results_path=str(results), threads=1,
-                        log=messages.append)
+                        log=messages.append, jobs=2)
     data = json.loads(results.read_text())  # strict JSON
     shared = {}
     for backbone in mlm_compare.BACKBONES:
@@ -87,6 +88,7 @@ def test_mlm_comparison_writes_results_then_reuses_finished_runs(wikitext2, tmp_
     assert sum("already done" in m for m in messages) == 3
 
 
+@pytest.mark.slow
 def test_cli_help_and_one_line_errors(tmp_path):
     script = str(REPO / "scripts" / "compare_mlm_backbones.py")
     help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from cli_helpers import TINY_FLAGS, run
-from conftest import BIN, USER_DIR, batch, build
+from conftest import BIN, USER_DIR, batch, build, trains
 from fairseq import checkpoint_utils
 from fairseq.dataclass.configs import DistributedTrainingConfig
 from fairseq.distributed import utils as distributed_utils
@@ -28,6 +28,7 @@ def epoch_updates(log_text):
 
 
 @pytest.fixture(scope="module")
+@trains
 def single_rank(data_bin, tmp_path_factory):
     save = tmp_path_factory.mktemp("single")
     proc = run("fairseq-train", data_bin, *COMMON, "--save-dir", save)
@@ -74,6 +75,7 @@ def test_pytorch_ddp_wraps_a_cpu_model_and_computes_the_same_function(gloo_group
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ddp_backend", ["legacy_ddp", "pytorch_ddp"])
 def test_two_cpu_ranks_share_each_update_with_the_documented_recipe(data_bin, tmp_path, single_rank, ddp_backend):
     """Each update combines both ranks' batches, so an epoch takes half the updates of
@@ -93,6 +95,7 @@ def test_two_cpu_ranks_share_each_update_with_the_documented_recipe(data_bin, tm
     assert type(models[0]).__name__ == "RealFormerTransformerModel"
 
 
+@pytest.mark.slow
 def test_cpu_world_size_2_starts_two_ranks_itself(data_bin, tmp_path):
     proc = run("fairseq-train", data_bin, *COMMON, "--max-update", 4, "--save-dir", tmp_path,
                "--distributed-world-size", 2)
@@ -102,6 +105,7 @@ def test_cpu_world_size_2_starts_two_ranks_itself(data_bin, tmp_path):
     assert (tmp_path / "checkpoint_last.pt").exists()
 
 
+@pytest.mark.slow
 def test_torchrun_starts_two_cpu_ranks_that_train_together(data_bin, tmp_path):
     import subprocess
 
@@ -116,6 +120,7 @@ def test_torchrun_starts_two_cpu_ranks_that_train_together(data_bin, tmp_path):
     assert "training on 2 devices" in log and "distributed init (rank 1): env://" in log
 
 
+@pytest.mark.slow
 def test_no_spawn_without_an_init_method_is_refused_with_the_recipe(data_bin, tmp_path):
     proc = run("fairseq-train", data_bin, *COMMON, "--save-dir", tmp_path, "--distributed-world-size", 2,
                "--distributed-no-spawn", check=False)

@@ -113,6 +113,7 @@ def _cli(*args):
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_path_ablation_then_comparison_share_runs_and_test_against_postln(m30k_slice, tmp_path):
     out = tmp_path / "runs"
     stdout = _cli("--data", m30k_slice, "--out", out, "--path-ablation", "--seeds", "1", "--jobs", "2",
@@ -144,6 +145,7 @@ def test_path_ablation_then_comparison_share_runs_and_test_against_postln(m30k_s
     assert "p=" in (tmp_path / "main.md").read_text()
 
 
+@pytest.mark.slow
 def test_depth_stress_cli_runs_every_depth_and_backbone(m30k_slice, tmp_path):
     _cli("--data", m30k_slice, "--out", tmp_path / "depth", "--depth-stress", "--depths", "1,2",
          "--backbones", "postln,realformer_mean", "--seeds", "1", "--jobs", "2",
@@ -160,6 +162,7 @@ def test_depth_stress_cli_runs_every_depth_and_backbone(m30k_slice, tmp_path):
     assert d["recipe"]["settings"]["embed_dim"] == 32 and d["recipe"]["depths"] == [1, 2]
 
 
+@pytest.mark.slow
 def test_cli_refuses_two_experiments_at_once(tmp_path):
     proc = subprocess.run([sys.executable, SCRIPT, "--data", tmp_path, "--out", tmp_path, "--depth-stress",
                            "--path-ablation"], capture_output=True, text=True, env=cli_env())

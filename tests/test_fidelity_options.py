@@ -192,6 +192,7 @@ def test_cross_self_attention_paths_none_equals_fairseq(dictionary):
     assert (inc_a - inc_b).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 def test_cross_self_attention_trains_and_generates_through_the_cli(data_bin, tmp_path):
     save = tmp_path / "ckpt"
     run("fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
@@ -272,6 +273,7 @@ def _detaching_prev_state(forward):
     return cut_forward
 
 
+@pytest.mark.slow
 def test_checkpoint_activations_trains_through_the_cli(data_bin, tmp_path):
     run("fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
         "--checkpoint-activations", "--max-update", 4, "--save-dir", tmp_path, *TINY_FLAGS)

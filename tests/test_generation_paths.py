@@ -22,7 +22,7 @@ import pytest
 import sacrebleu
 import torch
 from cli_helpers import TINY_FLAGS
-from conftest import USER_DIR
+from conftest import USER_DIR, trains
 from generation_helpers import (
     as_vanilla_transformer,
     bpe_target,
@@ -69,6 +69,7 @@ def corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+@trains
 def checkpoint(corpus, tmp_path_factory):
     save = tmp_path_factory.mktemp("generation_ckpt")
     _, out, err = cli("train", [
@@ -160,6 +161,7 @@ def best(sents):
 # ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_eval_bleu_during_training_equals_sacrebleu_on_generate_output(corpus, checkpoint):
     """The BLEU that fairseq-train's validation reports (--eval-bleu, detok space, BPE
     removed) is sacreBLEU of fairseq-generate's de-BPE'd output against the raw references."""
@@ -378,6 +380,7 @@ def train_in_process(corpus, save, *extra, data=None):
 
 
 @pytest.fixture(scope="module")
+@trains
 def one_epoch(corpus, tmp_path_factory):
     """In-process fairseq-train, one epoch on the binarized corpus, validated with --eval-bleu."""
     return train_in_process(corpus, tmp_path_factory.mktemp("one_epoch"), *ONE_EPOCH)

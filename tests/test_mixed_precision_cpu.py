@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cli_helpers import TINY_FLAGS, run
-from conftest import USER_DIR, batch, build
+from conftest import USER_DIR, batch, build, trains
 from fairseq import checkpoint_utils, options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models.fairseq_model import BaseFairseqModel
@@ -226,11 +226,13 @@ def cli_train(data_bin, save, *flags, arch="realformer_transformer", updates=UPD
 
 
 @pytest.fixture(scope="module")
+@trains
 def bf16_run(data_bin, tmp_path_factory):
     save = tmp_path_factory.mktemp("bf16")
     return save, cli_train(data_bin, save, "--bf16")
 
 
+@pytest.mark.slow
 def test_cli_bf16_trains_and_saves_a_bf16_checkpoint(bf16_run):
     save, proc = bf16_run
     log, _ = assert_trained(proc)
@@ -273,6 +275,7 @@ def test_cli_generate_bf16_decodes_in_bf16(data_bin, bf16_run):
     assert same >= 32, f"only {same}/40 identical hypotheses"
 
 
+@pytest.mark.slow
 def test_cli_memory_efficient_bf16_trains_and_resumes(data_bin, tmp_path):
     proc = cli_train(data_bin, tmp_path, "--memory-efficient-bf16")
     log, _ = assert_trained(proc)
@@ -286,6 +289,7 @@ def test_cli_memory_efficient_bf16_trains_and_resumes(data_bin, tmp_path):
     assert all(loss < first[-1][1] + 0.3 for _, loss, _ in points)  # continued, not restarted
 
 
+@pytest.mark.slow
 def test_cli_fp16_on_cpu_is_refused_at_once_with_one_sentence(data_bin, tmp_path):
     proc = run("fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
                *TINY_FLAGS, "--max-update", 5, "--save-dir", tmp_path, "--fp16", check=False)

@@ -123,6 +123,7 @@ def probe_run(data, tmp_path, task, workers):
     return [per_epoch[e] for e in sorted(per_epoch)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["masked_lm_nsp", "masked_lm"])
 def test_fairseq_train_feeds_new_masks_each_epoch_with_and_without_workers(short_lines, tmp_path, task):
     without = probe_run(short_lines, tmp_path, task, 0)

@@ -19,7 +19,7 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from conftest import BIN, REPO, USER_DIR, cli_env
+from conftest import BIN, REPO, USER_DIR, cli_env, trains
 
 import realformer_nmt  # noqa: F401  (allow-lists fairseq's types, wraps the loader)
 from realformer_nmt.errors import CheckpointFileError, UnsafeCheckpointError
@@ -118,6 +118,7 @@ def work(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+@trains
 def trained(work, data_bin):
     save_dir = work / "ckpt"
     proc = _train(data_bin, save_dir, "--max-epoch", "1", cwd=work).result()
@@ -209,6 +210,7 @@ def _assert_refused_cli(proc, path, offending):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_trained_checkpoint_holds_the_types_we_allow_list(trained):
     names = _pickle_globals(trained)
     assert "argparse.Namespace" in names  # legacy-flag cfg.model
@@ -216,6 +218,7 @@ def test_trained_checkpoint_holds_the_types_we_allow_list(trained):
     assert torch.serialization.get_unsafe_globals_in_checkpoint(str(trained)) == []
 
 
+@pytest.mark.slow
 def test_fairseq_generate_loads_real_checkpoint(cli):
     proc = cli["generate"]
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -34,6 +34,7 @@ def assert_one_line_error(proc, *words):
     ids=["unknown-path", "empty-paths", "none-with-others", "unknown-mode", "cross-without-cross-attention",
          "unknown-kernel", "base-layers"],
 )
+@pytest.mark.slow
 def test_bad_flags_fail_with_one_clear_line(data_bin, tmp_path, flags, expected):
     proc = run(
         "fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
@@ -43,6 +44,7 @@ def test_bad_flags_fail_with_one_clear_line(data_bin, tmp_path, flags, expected)
     assert not list(tmp_path.glob("*.pt"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool", ["fairseq-train", "fairseq-generate"])
 @pytest.mark.parametrize("case", ["missing-dir", "no-dictionaries"])
 def test_unusable_data_dir_is_one_clear_line(tmp_path, trained, tool, case):
@@ -58,6 +60,7 @@ def test_unusable_data_dir_is_one_clear_line(tmp_path, trained, tool, case):
     assert ("does not exist" if case == "missing-dir" else "dict.") in proc.stderr
 
 
+@pytest.mark.slow
 def test_changed_residual_settings_on_load_are_named(data_bin, trained, tmp_path):
     """Warm-starting from a checkpoint trained with other settings works, with a
     warning that says exactly what changed."""

@@ -31,7 +31,7 @@ import subprocess
 import numpy as np
 import pytest
 from cli_helpers import TINY_FLAGS, binarize, run, write_reversal_corpus
-from conftest import BIN, USER_DIR, cli_env
+from conftest import BIN, USER_DIR, cli_env, trains
 from fairseq.data import Dictionary, data_utils
 
 LONG = " ".join("abcdefghij"[k % 10] for k in range(30))  # 31 tokens with EOS > 16
@@ -71,6 +71,7 @@ def preprocessed(raw, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+@trains
 def trained(preprocessed, tmp_path_factory):
     data_bin, _ = preprocessed
     save = tmp_path_factory.mktemp("ckpt")
@@ -119,6 +120,7 @@ def lines_with(prefix, text):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_empty_lines_become_eos_only_pairs_and_training_survives(preprocessed, trained):
     data_bin, log = preprocessed
     # reported only as part of the sentence count: nothing is skipped or flagged

@@ -52,7 +52,7 @@ import time
 import pytest
 import torch
 from cli_helpers import TINY_FLAGS
-from conftest import BIN, USER_DIR, cli_env
+from conftest import BIN, USER_DIR, cli_env, trains
 from fairseq import file_io
 from fairseq.file_io import PathManager
 
@@ -122,6 +122,7 @@ def compare(a, b):
 
 
 @pytest.fixture(scope="module")
+@trains
 def reference(data_bin, tmp_path_factory):
     """An uninterrupted run with the resume tests' flags, started early, waited lazily."""
     save = tmp_path_factory.mktemp("reference")
@@ -233,6 +234,7 @@ def test_plugin_import_installs_the_atomic_copy():
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_killed_training_resumes_and_matches_uninterrupted_run(data_bin, tmp_path, reference):
     cmd = train_cmd(data_bin, tmp_path, "--save-interval-updates", 5)
     proc = start(cmd, tmp_path / "killed.log")
@@ -264,6 +266,7 @@ def test_killed_training_resumes_and_matches_uninterrupted_run(data_bin, tmp_pat
     assert val_diff <= RESUME_TOLERANCE
 
 
+@pytest.mark.slow
 def test_kill_during_the_copy_onto_checkpoint_last_keeps_the_previous_checkpoint(data_bin, tmp_path, reference):
     """Kill -9 exactly while fairseq copies a new checkpoint onto an existing
     ``checkpoint_last.pt`` (the copy fairseq's own ``PathManager.copy`` does in place,
@@ -319,6 +322,7 @@ SOAK_SEED = 18
 SOAK_KILLS = 4
 
 
+@pytest.mark.slow
 def test_kills_at_seeded_random_moments_around_saves_leave_a_loadable_checkpoint(data_bin, tmp_path, reference):
     """A soak: kill -9 at random (seeded) moments of a run that saves after every update.
 
@@ -396,6 +400,7 @@ DETERMINISM_RUNS = {  # name: (residual mode, seed)
 
 
 @pytest.fixture(scope="module")
+@trains
 def determinism_runs(data_bin, tmp_path_factory):
     """Five 10-update runs, launched together; per-update losses from the JSON log."""
     procs = {}
@@ -426,6 +431,7 @@ def _train_inner(log_path):
     return rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_same_seed_gives_identical_losses(determinism_runs, mode):
     (losses_a, ckpt_a), (losses_b, ckpt_b) = (determinism_runs[f"{mode}-a"],
