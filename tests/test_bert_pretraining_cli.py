@@ -28,6 +28,7 @@ def _check_accuracies(log, names, updates=16, log_interval=4):
     return inner, valid
 
 
+@pytest.mark.slow
 def test_masked_lm_nsp_trains_on_wikitext2_and_logs_both_accuracies(tmp_path_factory):
     save, log = pretrained_nsp(tmp_path_factory)
     inner, valid = _check_accuracies(log, ("mlm_accuracy", "nsp_accuracy"))
