@@ -65,8 +65,10 @@ def test_tests_step_ran_the_gpu_tests_cpu_cases_and_skipped_the_cuda_ones(dry_ru
 def test_ddp_step_trains_two_ranks_with_both_backends(dry_run):
     out, _ = dry_run
     ddp = json.loads((out / "ddp.json").read_text())
-    checks = {c["backend"]: c for c in ddp["checks"]}
+    checks = {c["backend"]: c for c in ddp["checks"] if "backend" in c}
     assert set(checks) == {"pytorch_ddp", "legacy_ddp"}
+    (fp16,) = [c for c in ddp["checks"] if "backend" not in c]
+    assert fp16["status"] == "skipped" and "CUDA" in fp16["reason"]
     for c in checks.values():
         assert c["status"] == "passed", c
         assert c["returncodes"] == [0, 0] and c["devices"] == 2
