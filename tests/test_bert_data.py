@@ -148,6 +148,7 @@ def test_prepare_round_trips_the_documents(small_corpus):
     assert summary["dictionary_size"] == len(Dictionary.load(str(out / "dict.txt"))) + 1  # + <mask>
 
 
+@pytest.mark.slow  # 10-20 s under load: full suite only
 def test_prepare_is_idempotent_and_resumes(small_corpus, tmp_path):
     raw, prepared_out, _ = small_corpus
     out = tmp_path / "bin"
@@ -226,6 +227,7 @@ def test_script_reports_errors_in_one_line(tmp_path):
                                             text=True, timeout=60).stdout
 
 
+@pytest.mark.slow  # 10-20 s under load: full suite only
 def test_prepared_wikitext2_documents_and_splits(tmp_path_factory):
     out = prepared_wikitext2(tmp_path_factory)
     summary = json.loads((out / "prepare.json").read_text())

@@ -174,6 +174,7 @@ def train_in_process(data_bin, save_dir, monkeypatch, arch, *flags, updates=3):
     return seen[0]["states"], seen[1:]
 
 
+@pytest.mark.slow  # 10-20 s under load: full suite only
 @pytest.mark.parametrize("arch,flag,dtype,wrapper", [
     ("realformer_transformer", "--bf16", torch.bfloat16, FP16Optimizer),
     ("realformer_transformer", "--memory-efficient-bf16", torch.bfloat16, MemoryEfficientFP16Optimizer),
@@ -322,6 +323,7 @@ def nll(model, dictionary, bsz=4, src_len=10, tgt_len=9):
     return F.nll_loss(lprobs.view(-1, lprobs.size(-1)), target.reshape(-1)), logits
 
 
+@pytest.mark.slow  # 10-20 s under load: full suite only
 @pytest.mark.parametrize("kernel", ["materialized", "fused"])
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_48_layer_realformer_trains_finite_in_bf16(dictionary, mode, kernel):

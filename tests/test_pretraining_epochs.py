@@ -77,6 +77,10 @@ def epoch_draws(task, num_workers, epochs=3):
                                   tuple(batch["target"][row].tolist()),
                                   None if nsp is None else int(nsp[row]))
         draws.append(samples)
+    if getattr(itr, "dataloader", None) is not None:
+        # shut the last epoch's workers down now: left to the garbage collector, each
+        # takes fairseq's 5-second join timeout, in whichever later test collects it
+        epoch_workers._close(itr.dataloader)
     return draws
 
 

@@ -22,6 +22,7 @@ def collect_scores(model):
     return scores
 
 
+@pytest.mark.slow  # 10-20 s under load: full suite only
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_48_layer_stack_stays_finite_in_low_precision(dictionary, mode, dtype):

@@ -69,6 +69,7 @@ def count_graphs(model, *inputs, backend="eager"):
     return counter.frame_count
 
 
+@pytest.mark.slow  # 10-20 s under load: full suite only
 def test_whole_model_compiles_to_eager_outputs_and_gradients_with_no_extra_graph_breaks(dictionary):
     src, lengths, tgt = batch(dictionary, bsz=4, src_len=9, tgt_len=8)
     eager = build(dictionary=dictionary).train()  # realformer_transformer, TINY: dropout 0
