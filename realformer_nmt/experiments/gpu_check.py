@@ -217,9 +217,9 @@ class GpuCheck:
         return f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}"
 
     def env(self, threads=None):
-        env = fairseq_runs.cli_env(threads or max(1, (os.cpu_count() or 1) // self.jobs))
-        env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-        return env
+        # checkpoint loading stays weights-only under any environment: the plugin's
+        # safe_checkpoint_loading patch refuses a full unpickle itself
+        return fairseq_runs.cli_env(threads or max(1, (os.cpu_count() or 1) // self.jobs))
 
     # ------------------------------------------------------------------------------
     # tests
