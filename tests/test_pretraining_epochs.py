@@ -80,7 +80,7 @@ def epoch_draws(task, num_workers, epochs=3):
     if getattr(itr, "dataloader", None) is not None:
         # shut the last epoch's workers down now: left to the garbage collector, each
         # takes fairseq's 5-second join timeout, in whichever later test collects it
-        epoch_workers._close(itr.dataloader)
+        epoch_workers.close_workers(itr.dataloader)
     return draws
 
 

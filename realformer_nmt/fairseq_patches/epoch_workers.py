@@ -32,7 +32,7 @@ from fairseq.data import iterators
 logger = logging.getLogger(__name__)
 
 
-def _close(dataloader):
+def close_workers(dataloader):
     iterator = getattr(dataloader, "_iterator", None)  # the persistent workers' iterator
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
@@ -45,7 +45,7 @@ def fresh_workers_each_epoch(next_epoch_itr):
         loader = getattr(self, "dataloader", None)
         if (set_dataset_epoch and loader is not None and self.num_workers > 0
                 and self.next_epoch_idx != self.epoch and hasattr(self.dataset, "set_epoch")):
-            _close(loader)
+            close_workers(loader)
             self.dataloader = None
         return next_epoch_itr(self, shuffle=shuffle, fix_batches_to_gpus=fix_batches_to_gpus,
                               set_dataset_epoch=set_dataset_epoch)
