@@ -5,6 +5,11 @@
   python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/m30k \\
       --max-update 1800 --seeds 1,2,3 --jobs 2 --results results/multi30k_en_de.json
 
+  # the same recipe on a second language pair (prepare_data.py --corpus multi30k --src en --tgt fr):
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_fr --out runs/compare/m30k_en_fr \
+      --backbones postln,preln,realformer,realformer_preln --max-update 1800 --seeds 1,2,3 --jobs 2 \
+      --results results/multi30k_en_fr.json
+
   # depth stress test: 6+6 and 12+12 layers, d=128, 4 backbones (incl. RealFormer mean), 2 seeds:
   python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/depth \\
       --depth-stress --seeds 1,2 --jobs 2 --results results/depth_stress.json
@@ -29,6 +34,9 @@ Backbones (only these flags differ between them):
   realformer          `realformer_transformer`, residual attention on all three paths
                       (--residual-attention-mode selects sum or mean)
   realformer_mean     the same with --residual-attention-mode mean (the depth test's fourth backbone)
+  realformer_preln    `realformer_transformer`, all three paths, Pre-LN
+                      (--encoder-normalize-before --decoder-normalize-before); tested against
+                      preln as well as postln (paired_vs_preln)
   realformer_encoder, realformer_decoder, realformer_cross
                       residual attention on that one path (the path ablation)
 Everything else (dims, Adam, inverse_sqrt schedule, dropout, label smoothing, batch,
@@ -74,7 +82,8 @@ if REPO not in sys.path:
 from _cli import comma_list  # noqa: E402  (scripts/_cli.py)
 
 BACKBONES = ("postln", "preln", "realformer")
-VARIANTS = BACKBONES + ("realformer_mean", "realformer_encoder", "realformer_decoder", "realformer_cross")
+VARIANTS = BACKBONES + ("realformer_mean", "realformer_preln", "realformer_encoder", "realformer_decoder",
+                       "realformer_cross")
 DEPTH_BACKBONES = ("postln", "preln", "realformer", "realformer_mean")
 DEPTH_SIZE = dict(embed_dim=128, ffn_dim=512, heads=4)  # compare.DEPTH_SIZE (kept here: --help without fairseq)
 
@@ -91,7 +100,9 @@ def parse_args(argv=None):
     io.add_argument("--results", default=None,
                     help="summary JSON path; .md and .png are written next to it "
                          "(default: OUT/comparison.json, or OUT/lr_stress.json with --lr-sweep)")
-    io.add_argument("--title", default="Multi30k En->De", help="corpus name used in tables and plots")
+    io.add_argument("--title", default=None,
+                    help="corpus name used in tables and plots (default: from DATA/prepare.json, "
+                         "e.g. 'Multi30k En->De')")
     io.add_argument("--machine-note", default="",
                     help="free text stored with the machine description (e.g. 'shared with other jobs')")
 

@@ -10,17 +10,33 @@ import shutil
 
 from ..errors import DataError
 from . import multi30k, synthetic_en_de
-from .pipeline import SPLITS, binarize, count_lines, dictionary_size, encode_files, log, train_sentencepiece
+from .pipeline import (
+    LANGS,
+    SPLITS,
+    binarize,
+    count_lines,
+    dictionary_size,
+    encode_files,
+    length_ratio,
+    log,
+    train_sentencepiece,
+)
 
 DEFAULT_VOCAB = {"synthetic": 1000, "multi30k": 8000}
 
 
 def prepare_settings(corpus, vocab_size=None, seed=1, synthetic_sizes=None, model_type="bpe",
-                     raw_dir=None, download=False):
+                     raw_dir=None, download=False, src="en", tgt="de"):
     """The settings ``prepare`` records in ``prepare.json`` (used to detect stale data)."""
     if corpus not in DEFAULT_VOCAB:
         raise DataError(f"--corpus must be one of {sorted(DEFAULT_VOCAB)}, not {corpus!r}")
+    if corpus == "synthetic" and (src, tgt) != LANGS:
+        raise DataError("--corpus synthetic is English->German only: drop --src/--tgt")
+    if corpus == "multi30k":
+        multi30k.check_langs((src, tgt))
     settings = {"corpus": corpus, "vocab_size": vocab_size or DEFAULT_VOCAB[corpus], "model_type": model_type}
+    if (src, tgt) != LANGS:  # en-de data prepared before languages were a choice stays current
+        settings.update(src=src, tgt=tgt)
     if corpus == "synthetic":
         settings.update(seed=seed, sizes=dict(synthetic_sizes or {}))
     else:
@@ -29,18 +45,23 @@ def prepare_settings(corpus, vocab_size=None, seed=1, synthetic_sizes=None, mode
 
 
 def prepare(corpus, dest_dir, raw_dir=None, download=False, vocab_size=None, work_dir=None,
-            seed=1, synthetic_sizes=None, model_type="bpe"):
+            seed=1, synthetic_sizes=None, model_type="bpe", src="en", tgt="de"):
     """Build raw text, SentencePiece and fairseq binaries for ``corpus``; return the summary.
 
     Raw and piece files go to ``work_dir`` (default ``dest_dir/work``); ``dest_dir`` gets
-    the binaries, ``spm.model`` and ``prepare.json``.
+    the binaries, ``spm.model`` and ``prepare.json``. ``prepare.json`` records what the
+    comparison harness reads: ``src``/``tgt``, ``bpe`` (what ``--remove-bpe`` removes),
+    ``bleu`` (the scoring convention), ``test_files`` (raw test source and references) and
+    ``length_ratio`` (target pieces per source piece in ``train``).
     """
-    settings = prepare_settings(corpus, vocab_size, seed, synthetic_sizes, model_type, raw_dir, download)
+    settings = prepare_settings(corpus, vocab_size, seed, synthetic_sizes, model_type, raw_dir, download,
+                                src, tgt)
     vocab_size = settings["vocab_size"]
+    langs = (src, tgt)
     if vocab_size < 50:
         raise DataError(f"--vocab-size {vocab_size} is too small (use at least 50)")
     if corpus == "multi30k":
-        multi30k.check_multi30k_source(raw_dir, download)
+        multi30k.check_multi30k_source(raw_dir, download, langs)
     os.makedirs(dest_dir, exist_ok=True)
     if os.path.exists(os.path.join(dest_dir, "prepare.json")):
         os.remove(os.path.join(dest_dir, "prepare.json"))  # marks dest_dir unfinished until the end
@@ -50,19 +71,26 @@ def prepare(corpus, dest_dir, raw_dir=None, download=False, vocab_size=None, wor
     if corpus == "synthetic":
         report = synthetic_en_de.make_synthetic_en_de(text_dir, seed=seed, **settings["sizes"])
     else:
-        report = multi30k.load_multi30k(text_dir, raw_dir=raw_dir, download=download)
+        report = multi30k.load_multi30k(text_dir, raw_dir=raw_dir, download=download, langs=langs)
     log(f"[2/4] training a joint SentencePiece {model_type} model (vocab {vocab_size})")
-    model = train_sentencepiece(text_dir, os.path.join(spm_dir, "spm"), vocab_size, model_type)
+    model = train_sentencepiece(text_dir, os.path.join(spm_dir, "spm"), vocab_size, model_type, langs=langs)
     log("[3/4] encoding splits into pieces")
-    encode_files(model, text_dir, spm_dir)
+    encode_files(model, text_dir, spm_dir, langs=langs)
     log(f"[4/4] fairseq-preprocess -> {dest_dir}")
-    binarize(spm_dir, dest_dir)
+    binarize(spm_dir, dest_dir, src=src, tgt=tgt)
     shutil.copyfile(model, os.path.join(dest_dir, "spm.model"))
     summary = {
         "settings": settings,
-        "counts": {split: count_lines(os.path.join(text_dir, f"{split}.en")) for split in SPLITS},
+        "src": src,
+        "tgt": tgt,
+        "bpe": "sentencepiece",
+        "bleu": "sacrebleu",
+        "test_files": {"src": os.path.abspath(os.path.join(text_dir, f"test.{src}")),
+                       "tgt": os.path.abspath(os.path.join(text_dir, f"test.{tgt}"))},
+        "length_ratio": round(length_ratio(spm_dir, src, tgt), 4),
+        "counts": {split: count_lines(os.path.join(text_dir, f"{split}.{src}")) for split in SPLITS},
         "report": report,
-        "dictionary_size": dictionary_size(os.path.join(dest_dir, "dict.de.txt")),
+        "dictionary_size": dictionary_size(os.path.join(dest_dir, f"dict.{tgt}.txt")),
         "dest_dir": os.path.abspath(dest_dir),
         "raw_dir": os.path.abspath(text_dir),
         "spm_dir": os.path.abspath(spm_dir),
@@ -80,7 +108,9 @@ def prepared_settings(dest_dir):
             summary = json.load(f)
     except (OSError, ValueError):
         return None
-    needed = ("dict.en.txt", "dict.de.txt", "train.en-de.en.bin", "test.en-de.de.bin", "spm.model")
+    src, tgt = summary.get("src", "en"), summary.get("tgt", "de")
+    needed = (f"dict.{src}.txt", f"dict.{tgt}.txt", f"train.{src}-{tgt}.{src}.bin", f"test.{src}-{tgt}.{tgt}.bin",
+              "spm.model")
     if not all(os.path.exists(os.path.join(dest_dir, n)) for n in needed):
         return None
     return summary.get("settings")

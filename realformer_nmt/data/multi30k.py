@@ -1,4 +1,5 @@
-"""Multi30k task 1 (English->German image descriptions): train / val / test_2016_flickr,
+"""Multi30k task 1 (image descriptions in English, German and French; any two of them in
+either direction): train / val / test_2016_flickr,
 from a local copy (plain or ``.gz``, e.g. ``../shared/data/multi30k``) or from the
 official GitHub repository (``--download``)."""
 
@@ -37,30 +38,44 @@ def _download(name, lang, dest_dir):
     return path
 
 
-def check_multi30k_source(raw_dir=None, download=False):
+MULTI30K_LANGS = ("en", "de", "fr")
+
+
+def check_langs(langs):
+    """One-line error unless ``langs`` are two different Multi30k languages."""
+    src, tgt = langs
+    for flag, lang in (("--src", src), ("--tgt", tgt)):
+        if lang not in MULTI30K_LANGS:
+            raise DataError(f"{flag} {lang!r}: Multi30k has {', '.join(MULTI30K_LANGS)}")
+    if src == tgt:
+        raise DataError(f"--src and --tgt are both {src!r}: give two different languages")
+
+
+def check_multi30k_source(raw_dir=None, download=False, langs=LANGS):
     """Fail early (before anything is written) when there is nowhere to read Multi30k from."""
+    check_langs(langs)
     if raw_dir is None and not download:
         raise DataError("Multi30k needs --raw-dir DIR (a local copy) or --download")
     if raw_dir is not None and not os.path.isdir(raw_dir):
         raise DataError(f"--raw-dir {raw_dir} is not a directory")
     if raw_dir is not None:
         for name in MULTI30K_FILES.values():
-            for lang in LANGS:
+            for lang in langs:
                 _find_raw_file(raw_dir, name, lang)
 
 
-def load_multi30k(out_dir, raw_dir=None, download=False):
-    """Write Multi30k task 1 as ``{train,valid,test}.{en,de}``; return a per-split report."""
-    check_multi30k_source(raw_dir, download)
+def load_multi30k(out_dir, raw_dir=None, download=False, langs=LANGS):
+    """Write Multi30k task 1 as ``{train,valid,test}.{src,tgt}``; return a per-split report."""
+    check_multi30k_source(raw_dir, download, langs)
     os.makedirs(out_dir, exist_ok=True)
     report = {}
     for split, name in MULTI30K_FILES.items():
         if raw_dir is not None:
-            paths = [_find_raw_file(raw_dir, name, lang) for lang in LANGS]
+            paths = [_find_raw_file(raw_dir, name, lang) for lang in langs]
         else:
-            paths = [_download(name, lang, out_dir) for lang in LANGS]
+            paths = [_download(name, lang, out_dir) for lang in langs]
         pairs, report[split] = read_parallel(*paths)
-        write_split(out_dir, split, pairs)
+        write_split(out_dir, split, pairs, langs)
         for path, bad in report[split]["non_utf8_lines"].items():
             if bad:
                 print(f"warning: {path}: {bad} lines had invalid UTF-8 (replaced with U+FFFD)",

@@ -25,10 +25,10 @@ def read_lines(path):
         return [line.rstrip("\n") for line in f]
 
 
-def write_split(out_dir, split, pairs):
-    """Write ``split.en`` / ``split.de`` from (en, de) pairs."""
+def write_split(out_dir, split, pairs, langs=LANGS):
+    """Write ``split.<src>`` / ``split.<tgt>`` from (src, tgt) pairs (``langs``: the two codes)."""
     os.makedirs(out_dir, exist_ok=True)
-    for i, lang in enumerate(LANGS):
+    for i, lang in enumerate(langs):
         _write_lines(os.path.join(out_dir, f"{split}.{lang}"), [p[i] for p in pairs])
 
 
@@ -74,9 +74,9 @@ def read_parallel(src_path, tgt_path):
 # SentencePiece and fairseq-preprocess
 # --------------------------------------------------------------------------------------
 
-def train_sentencepiece(raw_dir, out_prefix, vocab_size, model_type="bpe", max_sentences=0):
-    """Train a joint SentencePiece model on ``train.en`` + ``train.de``; return the .model path."""
-    inputs = [os.path.join(raw_dir, f"train.{lang}") for lang in LANGS]
+def train_sentencepiece(raw_dir, out_prefix, vocab_size, model_type="bpe", max_sentences=0, langs=LANGS):
+    """Train a joint SentencePiece model on ``train.<src>`` + ``train.<tgt>``; return the .model path."""
+    inputs = [os.path.join(raw_dir, f"train.{lang}") for lang in langs]
     return train_sentencepiece_on(inputs, out_prefix, vocab_size, model_type, max_sentences)
 
 
@@ -96,14 +96,14 @@ def train_sentencepiece_on(inputs, out_prefix, vocab_size, model_type="bpe", max
     return out_prefix + ".model"
 
 
-def encode_files(model_path, raw_dir, out_dir, splits=SPLITS):
+def encode_files(model_path, raw_dir, out_dir, splits=SPLITS, langs=LANGS):
     """Write ``{split}.spm.{lang}`` piece files for every raw split; return their prefix map."""
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=model_path)
     os.makedirs(out_dir, exist_ok=True)
     for split in splits:
-        for lang in LANGS:
+        for lang in langs:
             lines = read_lines(os.path.join(raw_dir, f"{split}.{lang}"))
             pieces = sp.encode(lines, out_type=str)
             _write_lines(os.path.join(out_dir, f"{split}.spm.{lang}"), [" ".join(p) for p in pieces])
@@ -138,6 +138,15 @@ def dictionary_size(path, extra=0):
     """Symbols of a model built on fairseq ``dict.txt`` ``path``: its lines, fairseq's four
     specials (``<s>``, ``<pad>``, ``</s>``, ``<unk>``) and ``extra`` (e.g. 1 for ``<mask>``)."""
     return count_lines(path) + 4 + extra
+
+
+def length_ratio(spm_dir, src, tgt, split="train"):
+    """Target pieces per source piece over ``split`` (bounds output length at decoding)."""
+    totals = []
+    for lang in (src, tgt):
+        with open(os.path.join(spm_dir, f"{split}.spm.{lang}"), encoding="utf-8") as f:
+            totals.append(sum(len(line.split()) for line in f))
+    return totals[1] / max(1, totals[0])
 
 
 def count_lines(path):

@@ -35,17 +35,21 @@ from dataclasses import asdict, dataclass, field, replace
 from ..errors import ConfigError, DataError
 from . import fairseq_runs
 
-BACKBONES = ("postln", "preln", "realformer")  # the main comparison
+BACKBONES = ("postln", "preln", "realformer")  # the main comparison's default set
+MAIN_ORDER = BACKBONES + ("realformer_preln", "realformer_mean")  # table and plot order of a comparison
 DEPTH_BACKBONES = ("postln", "preln", "realformer", "realformer_mean")
 # path-ablation key -> backbone; "all" and "postln" are the main comparison's runs
 ABLATION = {"postln": "postln", "encoder": "realformer_encoder", "decoder": "realformer_decoder",
             "cross": "realformer_cross", "all": "realformer"}
-VARIANTS = BACKBONES + ("realformer_mean", "realformer_encoder", "realformer_decoder", "realformer_cross")
+VARIANTS = BACKBONES + ("realformer_mean", "realformer_preln", "realformer_encoder", "realformer_decoder",
+                       "realformer_cross")
 BACKBONE_DESCRIPTIONS = {
     "postln": "fairseq `transformer` (Post-LN)",
     "preln": "fairseq `transformer` + `--encoder-normalize-before --decoder-normalize-before` (Pre-LN)",
     "realformer": "`realformer_transformer` (Post-LN, residual attention on encoder, decoder and cross paths)",
     "realformer_mean": "`realformer_transformer`, all three paths, running mean (`--residual-attention-mode mean`)",
+    "realformer_preln": "`realformer_transformer` + `--encoder-normalize-before --decoder-normalize-before` "
+                        "(Pre-LN, residual attention on encoder, decoder and cross paths)",
     "realformer_encoder": "`realformer_transformer`, residual attention on the encoder self-attention only",
     "realformer_decoder": "`realformer_transformer`, residual attention on the decoder self-attention only",
     "realformer_cross": "`realformer_transformer`, residual attention on the encoder-decoder attention only",
@@ -68,11 +72,15 @@ def backbone_flags(name, residual_mode="sum"):
     if name == "preln":
         return ["--arch", "transformer", "--encoder-normalize-before", "--decoder-normalize-before"]
     paths = {"realformer": "encoder,decoder,cross", "realformer_mean": "encoder,decoder,cross",
+             "realformer_preln": "encoder,decoder,cross",
              "realformer_encoder": "encoder", "realformer_decoder": "decoder", "realformer_cross": "cross"}
     if name in paths:
         mode = "mean" if name == "realformer_mean" else residual_mode
-        return ["--arch", "realformer_transformer", "--residual-attention-paths", paths[name],
-                "--residual-attention-mode", mode]
+        flags = ["--arch", "realformer_transformer", "--residual-attention-paths", paths[name],
+                 "--residual-attention-mode", mode]
+        if name == "realformer_preln":
+            flags += ["--encoder-normalize-before", "--decoder-normalize-before"]
+        return flags
     raise ConfigError(f"--backbones: unknown backbone {name!r} (choose from {', '.join(VARIANTS)})")
 
 
@@ -143,10 +151,13 @@ class Recipe:
             flags += eval_bleu_flags(self.beam)
         return [str(f) for f in flags] + [str(e) for e in self.extra]
 
-    def generate_flags(self):
-        flags = ["--beam", self.beam, "--batch-size", 128, "--remove-bpe", "sentencepiece",
-                 # German output is about as long as the English input: bound runaway hypotheses
-                 "--max-len-a", 1.5, "--max-len-b", 10, "--user-dir", USER_DIR]
+    def generate_flags(self, corpus=None):
+        """fairseq-generate flags; ``corpus`` (``corpus_info``) gives the BPE to remove and
+        the output-length bound (default: Multi30k En->De's sentencepiece, 1.5 x source + 10)."""
+        corpus = corpus or DEFAULT_CORPUS
+        flags = ["--beam", self.beam, "--batch-size", 128, "--remove-bpe", corpus["bpe"],
+                 # bound runaway hypotheses by the corpus's target/source length ratio
+                 "--max-len-a", corpus["max_len_a"], "--max-len-b", corpus["max_len_b"], "--user-dir", USER_DIR]
         flags += ["--cpu"] if self.device == "cpu" else []
         flags += ["--fp16"] if self.fp16 else []
         return [str(f) for f in flags]
@@ -165,17 +176,52 @@ def train_command(data, backbone, recipe, seed, save_dir, residual_mode="sum", l
             + ["--seed", str(seed), "--save-dir", save_dir, "--user-dir", USER_DIR])
 
 
+# what a data dir prepared before prepare.json recorded languages and conventions means
+DEFAULT_CORPUS = {"src": "en", "tgt": "de", "bpe": "sentencepiece", "bleu": "sacrebleu",
+                  "length_ratio": None, "max_len_a": 1.5, "max_len_b": 10}
+LANGUAGE_NAMES = {"en": "En", "de": "De", "fr": "Fr"}
+CORPUS_NAMES = {"multi30k": "Multi30k", "synthetic": "Synthetic", "iwslt14": "IWSLT'14"}
+
+
+def max_len_a(length_ratio):
+    """fairseq-generate's ``--max-len-a`` from the corpus's target/source piece ratio: 1.5 x
+    the ratio, never below 1.5 (En->De's committed bound), rounded to one decimal."""
+    if not length_ratio:
+        return 1.5
+    return max(1.5, round(1.5 * length_ratio, 1))
+
+
+def corpus_info(data):
+    """Languages, BPE, BLEU convention, raw test files and output-length bounds of ``data``,
+    from its ``prepare.json`` (``DEFAULT_CORPUS`` where it records none)."""
+    try:
+        with open(os.path.join(data, "prepare.json"), encoding="utf-8") as f:
+            prepared = json.load(f)
+    except (OSError, ValueError):
+        prepared = {}
+    info = dict(DEFAULT_CORPUS)
+    info.update({k: prepared[k] for k in ("src", "tgt", "bpe", "bleu", "length_ratio") if k in prepared})
+    info["max_len_a"] = max_len_a(info["length_ratio"]) if "length_ratio" in prepared else 1.5
+    test_files = prepared.get("test_files") or {}
+    raw_dir = prepared.get("raw_dir")
+    info["references"] = test_files.get("tgt") or (os.path.join(raw_dir, f"test.{info['tgt']}") if raw_dir else None)
+    corpus = prepared.get("settings", {}).get("corpus", "multi30k")
+    info["title"] = (f"{CORPUS_NAMES.get(corpus, corpus)} "
+                     f"{LANGUAGE_NAMES.get(info['src'], info['src'])}->{LANGUAGE_NAMES.get(info['tgt'], info['tgt'])}")
+    return info
+
+
 def test_references(data, references=None):
-    """Raw test references: ``references`` or ``<raw_dir>/test.de`` from ``data/prepare.json``."""
-    for name in ("dict.en.txt", "dict.de.txt"):
+    """Raw test references: ``references`` or the target-side test file ``data/prepare.json``
+    names (``test_files.tgt``, or ``<raw_dir>/test.<tgt>``)."""
+    info = corpus_info(data)
+    for name in (f"dict.{info['src']}.txt", f"dict.{info['tgt']}.txt"):
         if not os.path.exists(os.path.join(data, name)):
             raise DataError(f"--data {data} has no {name}: prepare it with scripts/prepare_data.py")
     if references is None:
-        try:
-            with open(os.path.join(data, "prepare.json"), encoding="utf-8") as f:
-                references = os.path.join(json.load(f)["raw_dir"], "test.de")
-        except (OSError, ValueError, KeyError) as exc:
-            raise DataError(f"--data {data} has no prepare.json naming its raw text: pass --references FILE") from exc
+        references = info["references"]
+        if references is None:
+            raise DataError(f"--data {data} has no prepare.json naming its raw text: pass --references FILE")
     if not os.path.isfile(references):
         raise DataError(f"test references {references} not found (pass --references FILE)")
     return references
@@ -215,7 +261,7 @@ def run_one(data, references, backbone, recipe, seed, run_dir, residual_mode="su
     if train["status"] == "finished" and os.path.exists(checkpoint):
         scored = fairseq_runs.generate_and_score(
             data, checkpoint, references, os.path.join(run_dir, "generate.txt"),
-            recipe.generate_flags(), log=log, label=label, env=env)
+            recipe.generate_flags(corpus_info(data)), log=log, label=label, env=env)
         result.update(bleu=scored["bleu"], sacrebleu=scored["sacrebleu"], signature=scored["signature"],
                       decode_seconds=scored["seconds"], generate_command=scored["command"])
     fairseq_runs.write_json(os.path.join(run_dir, "result.json"), fairseq_runs.finite_or_none(result))
@@ -335,7 +381,8 @@ def recipe_record(recipe, data, references, backbones, residual_mode, seeds):
         "settings": asdict(recipe),
         "shared_train_flags": recipe.model_flags() + recipe.train_flags(),
         "backbone_flags": {b: backbone_flags(b, residual_mode) for b in backbones},
-        "generate_flags": recipe.generate_flags(),
+        "generate_flags": recipe.generate_flags(corpus_info(data)),
+        "corpus": {k: v for k, v in corpus_info(data).items() if k not in ("references", "title")},
         "example_train_command": fairseq_runs.quote(example),
         "seeds": list(seeds),
         "data": os.path.abspath(data),
@@ -386,7 +433,7 @@ def parallel_note(jobs, threads):
 
 
 def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="sum", references=None,
-            results_path=None, machine_note="", threads=None, log=print, title="Multi30k En->De", jobs=1,
+            results_path=None, machine_note="", threads=None, log=print, title=None, jobs=1,
             bootstrap_samples=1000):
     """Train, decode and score every backbone for every seed; write JSON, MD and PNG.
 
@@ -405,13 +452,16 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
     results = {b: [runs[(b, seed)] for seed in seeds] for b in backbones}
     summary = {b: summarize_backbone(results[b], b, residual_mode) for b in backbones}
     refs = _read_lines(references)
-    if "postln" in backbones:
+    for reference in ("postln", "preln"):
+        if reference not in backbones:
+            continue
         for b in backbones:
-            if b != "postln":
-                summary[b]["paired_vs_postln"] = paired_vs(results["postln"], results[b], refs, bootstrap_samples)
+            if b != reference and (reference == "postln" or b == "realformer_preln"):
+                summary[b][f"paired_vs_{reference}"] = paired_vs(results[reference], results[b], refs,
+                                                                 bootstrap_samples)
     signatures = {r["signature"] for rs in results.values() for r in rs if r["signature"]}
     summary.update(
-        title=title,
+        title=title or corpus_info(data)["title"],
         recipe=recipe_record(recipe, data, references, backbones, residual_mode, seeds),
         sacrebleu_signature=" / ".join(sorted(signatures)) or None,
         paired_test=PAIRED_TEST_NOTE.format(samples=bootstrap_samples),
@@ -455,7 +505,7 @@ def classify(result, reference_loss, margin):
 
 def lr_sweep(data, out, recipe, lrs, backbones=BACKBONES, seeds=(1,), residual_mode="sum", normal_lr=None,
              margin=1.0, references=None, results_path=None, machine_note="", threads=None, log=print,
-             title="Multi30k En->De", jobs=1):
+             title=None, jobs=1):
     """Train every backbone at every learning rate in ``lrs`` (nothing else changes).
 
     ``normal_lr`` (default: the smallest of ``lrs``) is the reference: a run at another
@@ -493,7 +543,7 @@ def lr_sweep(data, out, recipe, lrs, backbones=BACKBONES, seeds=(1,), residual_m
             table[backbone][f"{lr:g}"] = entries
     signatures = {r["signature"] for r in runs.values() if r["signature"]}
     summary = {
-        "title": title,
+        "title": title or corpus_info(data)["title"],
         "runs": table,
         "lrs": lrs,
         "normal_lr": normal_lr,
@@ -523,7 +573,7 @@ DEPTH_SIZE = dict(embed_dim=128, ffn_dim=512, heads=4)  # narrow: where depth, n
 
 def depth_stress(data, out, recipe, depths=(6, 12), backbones=DEPTH_BACKBONES, seeds=(1, 2), margin=1.0,
                  residual_mode="sum", references=None, results_path=None, machine_note="", threads=None,
-                 log=print, title="Multi30k En->De", jobs=1):
+                 log=print, title=None, jobs=1):
     """Train every backbone at ``L+L`` layers for every L in ``depths`` (``recipe.layers`` is
     replaced, nothing else changes) and mark each run ``ok`` / ``stalled`` / ``diverged``.
 
@@ -561,7 +611,7 @@ def depth_stress(data, out, recipe, depths=(6, 12), backbones=DEPTH_BACKBONES, s
     record["note"] = (f"--encoder-layers and --decoder-layers are L for L in {depths}; shared_train_flags "
                       f"show L = {depths[0]}")
     summary = {
-        "title": title,
+        "title": title or corpus_info(data)["title"],
         "depths": table,
         "backbones": list(backbones),
         "reference_loss_per_seed": {str(seed): loss for seed, loss in reference.items()},
@@ -582,7 +632,7 @@ def depth_stress(data, out, recipe, depths=(6, 12), backbones=DEPTH_BACKBONES, s
 
 
 def path_ablation(data, out, recipe, seeds=(1, 2), residual_mode="sum", references=None, results_path=None,
-                  machine_note="", threads=None, log=print, title="Multi30k En->De", jobs=1,
+                  machine_note="", threads=None, log=print, title=None, jobs=1,
                   bootstrap_samples=1000):
     """Which residual path matters: RealFormer with residual attention on one path alone
     (``encoder``, ``decoder``, ``cross``), on all three (``all``) and Post-LN (``postln``,
@@ -608,7 +658,7 @@ def path_ablation(data, out, recipe, seeds=(1, 2), residual_mode="sum", referenc
         summary[key] = entry
     signatures = {r["signature"] for r in runs.values() if r["signature"]}
     summary.update(
-        title=title,
+        title=title or corpus_info(data)["title"],
         recipe=recipe_record(recipe, data, references, list(ABLATION.values()), residual_mode, seeds),
         sacrebleu_signature=" / ".join(sorted(signatures)) or None,
         paired_test=PAIRED_TEST_NOTE.format(samples=bootstrap_samples),
@@ -653,18 +703,19 @@ def _bleu_cell(s, n_seeds):
     return bleu
 
 
-def _paired_cell(s):
-    tests = s.get("paired_vs_postln")
+def _paired_cell(s, key="paired_vs_postln"):
+    tests = s.get(key)
     if not tests:
         return "—"
     return ", ".join(f"s{t['seed']}: {t['delta_bleu']:+.2f} (p={t['p_value']:.3f})" for t in tests)
 
 
 def comparison_markdown(summary):
-    backbones = [b for b in BACKBONES if b in summary]
+    backbones = [b for b in MAIN_ORDER if b in summary]
     n_seeds = len(summary[backbones[0]]["seeds"])
     settings = summary["recipe"]["settings"]
     paired = any(summary[b].get("paired_vs_postln") for b in backbones)
+    paired_pre = any(summary[b].get("paired_vs_preln") for b in backbones)
     lines = [f"# {summary['title']}: Post-LN vs Pre-LN vs RealFormer", "",
              f"Test BLEU (sacreBLEU, detokenized, cased) of the best checkpoint by "
              f"{'validation BLEU' if settings['select_by_bleu'] else 'validation loss'}, beam {settings['beam']}; "
@@ -673,14 +724,17 @@ def comparison_markdown(summary):
              "",
              "| backbone | test BLEU | BLEU per seed | best valid loss (mean) | valid loss per seed | "
              + ("vs Post-LN per seed: ΔBLEU (paired bootstrap p) | " if paired else "")
+             + ("vs Pre-LN per seed: ΔBLEU (paired bootstrap p) | " if paired_pre else "")
              + "updates | train time per seed |",
-             "| --- | --- | --- | --- | --- | " + ("--- | " if paired else "") + "--- | --- |"]
+             "| --- | --- | --- | --- | --- | " + ("--- | " if paired else "") + ("--- | " if paired_pre else "")
+             + "--- | --- |"]
     for b in backbones:
         s = summary[b]
         lines.append(
             f"| {b} | {_bleu_cell(s, n_seeds)} | {', '.join(_fmt(x) for x in s['bleu_per_seed'])} "
             f"| {_fmt(s['valid_loss'], 3)} | {', '.join(_fmt(x, 3) for x in s['valid_loss_per_seed'])} | "
             + (f"{_paired_cell(s)} | " if paired else "")
+            + (f"{_paired_cell(s, 'paired_vs_preln')} | " if paired_pre else "")
             + f"{s['updates']} | {', '.join(_seconds(t) for t in s['train_seconds_per_seed'])} |")
     lines += ["", "Backbones (the only flags that differ):", ""]
     for b in backbones:
@@ -780,6 +834,7 @@ def sweep_markdown(summary):
 
 
 _COLORS = {"postln": "tab:blue", "preln": "tab:orange", "realformer": "tab:green", "realformer_mean": "tab:red",
+           "realformer_preln": "tab:olive",
            "realformer_encoder": "tab:purple", "realformer_decoder": "tab:brown", "realformer_cross": "tab:pink"}
 
 
@@ -796,7 +851,7 @@ def plot_comparison(summary, path):
     """Validation loss against updates, one line per backbone (mean, min-max band over seeds);
     the right panel zooms on the second half of training, where the backbones separate."""
     plt = _pyplot()
-    backbones = [b for b in BACKBONES if b in summary]
+    backbones = [b for b in MAIN_ORDER if b in summary]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     last = max([u for b in backbones for u, _ in summary[b]["curve"]] or [0])
     for zoom, ax in enumerate(axes):
