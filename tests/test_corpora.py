@@ -225,3 +225,83 @@ def test_multi30k_download_uses_official_urls_and_reports_failure(tmp_path, monk
         multi30k.load_multi30k(str(tmp_path), download=True)
     assert requested[0] == multi30k.MULTI30K_URL.format(name="train", lang="en")
     assert _lines(tmp_path / "train.de") == ["Ein Hund."] and _lines(tmp_path / "valid.en") == ["A dog."]
+
+
+# --------------------------------------------------------------------------------------
+# Any two Multi30k languages, in either direction
+# --------------------------------------------------------------------------------------
+
+def test_multi30k_any_pair_from_the_shared_corpus(tmp_path):
+    """French->German from the shared copy: each side is that language's official file."""
+    require_shared_data(MULTI30K_DIR)
+    if not os.path.exists(os.path.join(MULTI30K_DIR, "train.fr.gz")):
+        pytest.skip("the shared Multi30k copy has no French side")
+    report = multi30k.load_multi30k(str(tmp_path), raw_dir=MULTI30K_DIR, langs=("fr", "de"))
+    for split, name in multi30k.MULTI30K_FILES.items():
+        for lang in ("fr", "de"):
+            with gzip.open(os.path.join(MULTI30K_DIR, f"{name}.{lang}.gz"), "rt", encoding="utf-8") as f:
+                official = [" ".join(line.split()) for line in f.read().splitlines()]
+            assert _lines(tmp_path / f"{split}.{lang}") == official, (split, lang)
+        assert report[split]["kept"] == {"train": 29000, "valid": 1014, "test": 1000}[split]
+    assert not (tmp_path / "train.en").exists()
+
+
+def _fake_multi30k_fr(raw_dir):
+    _fake_multi30k(raw_dir)
+    for name in ("train", "val", "test_2016_flickr"):
+        _write_gz(os.path.join(raw_dir, f"{name}.fr.gz"), "Un chien qui court.\nDeux chats noirs.\n")
+
+
+def test_prepare_records_languages_and_the_harness_reads_them(tmp_path):
+    from realformer_nmt.experiments import compare
+
+    _fake_multi30k_fr(tmp_path / "raw")
+    dest = tmp_path / "bin"
+    summary = corpora.prepare("multi30k", str(dest), raw_dir=str(tmp_path / "raw"), vocab_size=60,
+                              src="en", tgt="fr")
+    for name in ("dict.en.txt", "dict.fr.txt", "train.en-fr.en.bin", "train.en-fr.fr.idx",
+                 "test.en-fr.fr.bin", "spm.model", "prepare.json"):
+        assert (dest / name).is_file(), name
+    assert (summary["src"], summary["tgt"], summary["bpe"], summary["bleu"]) == ("en", "fr", "sentencepiece",
+                                                                                 "sacrebleu")
+    assert _lines(summary["test_files"]["tgt"]) == ["Un chien qui court.", "Deux chats noirs."]
+    # target pieces per source piece, counted independently from the piece files
+    spm_dir = tmp_path / "bin" / "work" / "spm"
+    n = {lang: sum(len(line.split()) for line in _lines(spm_dir / f"train.spm.{lang}")) for lang in ("en", "fr")}
+    assert summary["length_ratio"] == pytest.approx(n["fr"] / n["en"], abs=1e-4)
+    assert corpora.prepared_settings(str(dest)) == summary["settings"]
+    assert (summary["settings"]["src"], summary["settings"]["tgt"]) == ("en", "fr")
+
+    info = compare.corpus_info(str(dest))
+    assert (info["src"], info["tgt"], info["title"]) == ("en", "fr", "Multi30k En->Fr")
+    assert compare.test_references(str(dest)) == summary["test_files"]["tgt"]
+    flags = compare.Recipe().generate_flags(info)
+    assert flags[flags.index("--max-len-a") + 1] == str(max(1.5, round(1.5 * summary["length_ratio"], 1)))
+    assert flags[flags.index("--remove-bpe") + 1] == "sentencepiece"
+
+
+def test_en_de_data_without_language_records_keeps_its_bounds(tmp_path):
+    """A data dir prepared before prepare.json named languages reads as En->De, bound 1.5x+10."""
+    from realformer_nmt.experiments import compare
+
+    (tmp_path / "prepare.json").write_text('{"raw_dir": "/x", "settings": {"corpus": "multi30k"}}')
+    info = compare.corpus_info(str(tmp_path))
+    assert (info["src"], info["tgt"], info["references"], info["title"]) == ("en", "de", "/x/test.de",
+                                                                              "Multi30k En->De")
+    flags = compare.Recipe().generate_flags(info)
+    assert flags[flags.index("--max-len-a") + 1] == "1.5" and flags[flags.index("--max-len-b") + 1] == "10"
+    assert corpora.prepare_settings("multi30k") == corpora.prepare_settings("multi30k", src="en", tgt="de")
+    assert "src" not in corpora.prepare_settings("multi30k")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--src", "fr", "--tgt", "fr"), "--src and --tgt are both 'fr'"),
+    (("--src", "cs"), "--src"),
+    (("--corpus", "synthetic", "--tgt", "fr"), "--corpus synthetic is English->German only"),
+])
+def test_prepare_data_cli_bad_languages_are_one_line(tmp_path, args, needle):
+    base = ("--corpus", "multi30k", "--raw-dir", MULTI30K_DIR) if "--corpus" not in args else ()
+    proc = _run_script(*base, *args, "--dest", str(tmp_path / "dest"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert needle in proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert not (tmp_path / "dest").exists()
