@@ -14,6 +14,9 @@ setup(
         "fairseq-fixed==0.12.3.1",
         "sentencepiece",
         "sacrebleu>=2.0",
+        # IWSLT'14 as fairseq prepares it: Moses tokenizer/detokenizer and subword-nmt BPE
+        "sacremoses>=0.2.0",
+        "subword-nmt>=0.3.8",
     ],
     extras_require={"test": ["pytest", "matplotlib", "ruff==0.17.6"], "plot": ["matplotlib"],
                     # optional: convert_google_checkpoint.py --reader tensorflow (TensorFlow's own reader)

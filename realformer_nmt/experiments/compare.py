@@ -124,12 +124,13 @@ class Recipe:
         if self.embed_dim % self.heads:
             raise ConfigError(f"--embed-dim {self.embed_dim} is not divisible by --heads {self.heads}")
 
-    def model_flags(self):
+    def model_flags(self, corpus=None):
         flags = []
         for side in ("encoder", "decoder"):
             flags += [f"--{side}-layers", self.layers, f"--{side}-embed-dim", self.embed_dim,
                       f"--{side}-ffn-embed-dim", self.ffn_dim, f"--{side}-attention-heads", self.heads]
-        return [str(f) for f in flags] + ["--share-all-embeddings"]
+        joined = (corpus or DEFAULT_CORPUS)["joined_dictionary"]  # IWSLT'14 has one dictionary per side
+        return [str(f) for f in flags] + ["--share-all-embeddings" if joined else "--share-decoder-input-output-embed"]
 
     def train_flags(self, lr=None):
         flags = [
@@ -172,13 +173,13 @@ def eval_bleu_flags(beam=5):
 
 def train_command(data, backbone, recipe, seed, save_dir, residual_mode="sum", lr=None):
     return ([fairseq_runs.fairseq_cli("fairseq-train"), data] + backbone_flags(backbone, residual_mode)
-            + recipe.model_flags() + recipe.train_flags(lr)
+            + recipe.model_flags(corpus_info(data)) + recipe.train_flags(lr)
             + ["--seed", str(seed), "--save-dir", save_dir, "--user-dir", USER_DIR])
 
 
 # what a data dir prepared before prepare.json recorded languages and conventions means
 DEFAULT_CORPUS = {"src": "en", "tgt": "de", "bpe": "sentencepiece", "bleu": "sacrebleu",
-                  "length_ratio": None, "max_len_a": 1.5, "max_len_b": 10}
+                  "length_ratio": None, "max_len_a": 1.5, "max_len_b": 10, "joined_dictionary": True}
 LANGUAGE_NAMES = {"en": "En", "de": "De", "fr": "Fr"}
 CORPUS_NAMES = {"multi30k": "Multi30k", "synthetic": "Synthetic", "iwslt14": "IWSLT'14"}
 
@@ -200,7 +201,8 @@ def corpus_info(data):
     except (OSError, ValueError):
         prepared = {}
     info = dict(DEFAULT_CORPUS)
-    info.update({k: prepared[k] for k in ("src", "tgt", "bpe", "bleu", "length_ratio") if k in prepared})
+    info.update({k: prepared[k] for k in ("src", "tgt", "bpe", "bleu", "length_ratio", "joined_dictionary")
+                 if k in prepared})
     info["max_len_a"] = max_len_a(info["length_ratio"]) if "length_ratio" in prepared else 1.5
     test_files = prepared.get("test_files") or {}
     raw_dir = prepared.get("raw_dir")
@@ -261,8 +263,10 @@ def run_one(data, references, backbone, recipe, seed, run_dir, residual_mode="su
     if train["status"] == "finished" and os.path.exists(checkpoint):
         scored = fairseq_runs.generate_and_score(
             data, checkpoint, references, os.path.join(run_dir, "generate.txt"),
-            recipe.generate_flags(corpus_info(data)), log=log, label=label, env=env)
+            recipe.generate_flags(corpus_info(data)), log=log, label=label, env=env,
+            convention=corpus_info(data)["bleu"], lang=corpus_info(data)["tgt"])
         result.update(bleu=scored["bleu"], sacrebleu=scored["sacrebleu"], signature=scored["signature"],
+                      bleu_convention=scored["convention"], tokenized_bleu=scored.get("tokenized_bleu"),
                       decode_seconds=scored["seconds"], generate_command=scored["command"])
     fairseq_runs.write_json(os.path.join(run_dir, "result.json"), fairseq_runs.finite_or_none(result))
     log(f"{label}DONE: {train['status']}{' (' + train['reason'] + ')' if train['reason'] else ''}, "
@@ -379,7 +383,7 @@ def recipe_record(recipe, data, references, backbones, residual_mode, seeds):
     example = train_command(data, backbones[0], recipe, seeds[0], "<run_dir>", residual_mode)
     return {
         "settings": asdict(recipe),
-        "shared_train_flags": recipe.model_flags() + recipe.train_flags(),
+        "shared_train_flags": recipe.model_flags(corpus_info(data)) + recipe.train_flags(),
         "backbone_flags": {b: backbone_flags(b, residual_mode) for b in backbones},
         "generate_flags": recipe.generate_flags(corpus_info(data)),
         "corpus": {k: v for k, v in corpus_info(data).items() if k not in ("references", "title")},
@@ -387,8 +391,8 @@ def recipe_record(recipe, data, references, backbones, residual_mode, seeds):
         "seeds": list(seeds),
         "data": os.path.abspath(data),
         "references": os.path.abspath(references),
-        "scoring": "sacreBLEU on detokenized, cased text (fairseq-generate --remove-bpe sentencepiece) "
-                   "against the raw references; best checkpoint by "
+        "scoring": fairseq_runs.BLEU_CONVENTIONS[fairseq_runs.check_convention(corpus_info(data)["bleu"])]
+                   + f" (fairseq-generate --remove-bpe {corpus_info(data)['bpe']}); best checkpoint by "
                    + ("validation BLEU" if recipe.select_by_bleu else "validation loss"),
     }
 
