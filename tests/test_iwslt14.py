@@ -301,3 +301,23 @@ def test_harness_trains_and_scores_iwslt14_with_tokenized_bleu(prepared, tmp_pat
     beside = sacrebleu.corpus_bleu(detok, [expected["test_raw"]["en"]], lowercase=True)
     assert result["sacrebleu"] == str(beside)
     assert "--remove-bpe" in result["generate_command"] and "--scoring" not in result["generate_command"]
+
+
+def test_paired_test_of_tokenized_runs_uses_the_headline_bleu(tmp_path):
+    """Seed-paired bootstrap on IWSLT'14 runs scores what the headline scores: the hypotheses
+    against fairseq-generate's tokenized targets, untokenized further."""
+    refs, hyps, raw_refs, _ = (list(col) for col in zip(*SENTENCES))
+    worse = [h.replace("house", "home") for h in hyps]
+    runs = []
+    for name, out in (("postln", hyps), ("realformer", worse)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "generate.txt").write_text("\n".join(_generate_output(out)) + "\n", encoding="utf-8")
+        runs.append({"seed": 1, "bleu": 1.0, "bleu_convention": "tokenized", "run_dir": str(tmp_path / name)})
+    (test,) = compare.paired_vs([runs[0]], [runs[1]], raw_refs, samples=200)
+    fairseq_score = {n: float(_fairseq_bleu_line(refs, h).split("BLEU4 = ")[1].split(",")[0])
+                     for n, h in (("postln", hyps), ("realformer", worse))}
+    assert test["baseline_bleu"] == pytest.approx(fairseq_score["postln"], abs=0.011)
+    assert test["system_bleu"] == pytest.approx(fairseq_score["realformer"], abs=0.011)
+    assert "tok:none" in test["signature"] and "case:mixed" in test["signature"]
+    runs[1]["bleu_convention"] = "sacrebleu"  # Multi30k runs keep the raw references and 13a
+    assert fairseq_runs.paired_test_references(runs[1], raw_refs) == (raw_refs, {})

@@ -284,7 +284,7 @@ def run_hypotheses(result):
     return [hyps[i] for i in range(len(hyps))]
 
 
-def paired_bootstrap(baseline, system, references, samples=1000):
+def paired_bootstrap(baseline, system, references, samples=1000, bleu_args=None):
     """sacreBLEU's paired bootstrap resampling (Koehn 2004) of ``system`` against ``baseline``
     on the same sentences: ``{"p_value", "delta_bleu", "baseline_bleu", "system_bleu",
     "system_ci95", "signature"}``. The p-value is sacreBLEU's ``--paired-bs`` (as Moses'
@@ -298,7 +298,7 @@ def paired_bootstrap(baseline, system, references, samples=1000):
     if len(baseline) != len(references) or len(system) != len(references):
         raise DataError(f"paired test needs one hypothesis per reference: {len(baseline)} and "
                         f"{len(system)} hypotheses for {len(references)} references")
-    signatures, scores = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": BLEU()},
+    signatures, scores = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": BLEU(**(bleu_args or {}))},
                                     [references], test_type="bs", n_samples=samples)()
     base, other = scores["BLEU"]
     return {"p_value": float(other.p_value), "delta_bleu": round(other.score - base.score, 2),
@@ -317,7 +317,8 @@ def paired_vs(baseline_runs, runs, references, samples=1000):
         base_hyps, hyps = (run_hypotheses(base) if base else None), run_hypotheses(r)
         if base_hyps is None or hyps is None:
             continue
-        out.append(dict(seed=r["seed"], **paired_bootstrap(base_hyps, hyps, references, samples)))
+        refs, bleu_args = fairseq_runs.paired_test_references(r, references)  # the headline's BLEU
+        out.append(dict(seed=r["seed"], **paired_bootstrap(base_hyps, hyps, refs, samples, bleu_args)))
     return out
 
 

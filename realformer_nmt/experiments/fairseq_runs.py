@@ -419,6 +419,29 @@ def parse_generate_output(lines):
     return hyps
 
 
+def parse_generate_targets(lines):
+    """``{sentence id: reference}`` from the ``T-<id>`` lines of fairseq-generate: the
+    binarized reference with the BPE removed, what its tokenized BLEU scores against."""
+    refs = {}
+    for line in lines:
+        match = re.match(r"T-(\d+)\t(.*)$", line)
+        if match:
+            refs[int(match.group(1))] = match.group(2)
+    return refs
+
+
+def paired_test_references(result, references):
+    """(references, sacreBLEU ``BLEU`` options) of a paired test on runs scored like
+    ``result`` (a run record with ``bleu_convention`` and ``run_dir``): the raw
+    ``references`` and sacreBLEU's defaults, or, for tokenized BLEU, the ``T-`` lines of
+    the run's ``generate.txt`` in corpus order, untokenized further (sacreBLEU then
+    computes fairseq's tokenized BLEU, the headline)."""
+    if result.get("bleu_convention", "sacrebleu") != "tokenized":
+        return references, {}
+    targets = parse_generate_targets(read_log(os.path.join(result["run_dir"], "generate.txt")))
+    return [targets[i] for i in range(len(targets))], {"tokenize": "none", "force": True}
+
+
 def sacrebleu_score(hypotheses, references, lowercase=False):
     """Corpus sacreBLEU (13a tokenization, cased unless ``lowercase``) of detokenized text:
     (score object, signature)."""
