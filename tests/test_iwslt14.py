@@ -283,24 +283,35 @@ def test_sacrebleu_convention_is_unchanged_and_tokenized_needs_fairseqs_line():
 
 
 @pytest.mark.slow
-def test_harness_trains_and_scores_iwslt14_with_tokenized_bleu(prepared, tmp_path):
-    """compare.run_one on the fixture: separate dictionaries train, and the result's BLEU is
-    fairseq-generate's printed tokenized BLEU, with lowercased sacreBLEU beside it."""
-    dest, expected, summary = prepared
+def test_harness_compares_on_iwslt14_with_tokenized_bleu(prepared, tmp_path):
+    """compare.compare on the fixture: separate dictionaries train; each run's BLEU is
+    fairseq-generate's printed tokenized BLEU with lowercased sacreBLEU beside it; the JSON
+    and the table say which is the headline; the paired test scores the tokenized text."""
+    dest, expected, _ = prepared
     recipe = compare.Recipe(layers=1, embed_dim=16, ffn_dim=32, heads=2, max_update=3, warmup_updates=2,
                             max_tokens=2000, beam=1, log_interval=1)
-    result = compare.run_one(str(dest), summary["test_files"]["tgt"], "realformer", recipe, 1,
-                             str(tmp_path / "run"), env=cli_env(), log=lambda m: None)
-    assert result["status"] == "finished" and "--share-decoder-input-output-embed" in result["command"]
-    lines = fairseq_runs.read_log(str(tmp_path / "run" / "generate.txt"))
-    assert result["bleu_convention"] == "tokenized"
-    assert result["bleu"] == fairseq_runs.fairseq_bleu(lines)[1]
-    assert result["tokenized_bleu"].startswith("BLEU4 = ")
-    hyps = fairseq_runs.parse_generate_output(lines)
-    detok = fairseq_runs.moses_detokenize([hyps[i] for i in range(len(hyps))], "en")
-    beside = sacrebleu.corpus_bleu(detok, [expected["test_raw"]["en"]], lowercase=True)
-    assert result["sacrebleu"] == str(beside)
-    assert "--remove-bpe" in result["generate_command"] and "--scoring" not in result["generate_command"]
+    results = tmp_path / "iwslt.json"
+    summary = compare.compare(str(dest), str(tmp_path / "out"), recipe, backbones=("postln", "realformer"),
+                              results_path=str(results), log=lambda m: None, bootstrap_samples=50)
+    for backbone in ("postln", "realformer"):
+        run = fairseq_runs.read_json(str(tmp_path / "out" / backbone / "seed1" / "result.json"))
+        assert run["status"] == "finished" and "--share-decoder-input-output-embed" in run["command"]
+        assert "--share-all-embeddings" not in run["command"]
+        lines = fairseq_runs.read_log(str(tmp_path / "out" / backbone / "seed1" / "generate.txt"))
+        assert run["bleu_convention"] == "tokenized" and run["bleu"] == fairseq_runs.fairseq_bleu(lines)[1]
+        assert run["tokenized_bleu"].startswith("BLEU4 = ")
+        assert "--remove-bpe" in run["generate_command"] and "--scoring" not in run["generate_command"]
+        hyps = fairseq_runs.parse_generate_output(lines)
+        detok = fairseq_runs.moses_detokenize([hyps[i] for i in range(len(hyps))], "en")
+        assert run["sacrebleu"] == str(sacrebleu.corpus_bleu(detok, [expected["test_raw"]["en"]], lowercase=True))
+        assert summary[backbone]["bleu_per_seed"] == [run["bleu"]]
+    written = json.loads(results.read_text(encoding="utf-8"))
+    assert written["recipe"]["scoring"].startswith("headline: fairseq-generate's tokenized BLEU")
+    assert "case:lc" in written["sacrebleu_signature"]
+    (test,) = written["realformer"]["paired_vs_postln"]
+    assert "tok:none" in test["signature"]
+    assert test["baseline_bleu"] == pytest.approx(written["postln"]["bleu"], abs=0.011)
+    assert "Test BLEU (fairseq's tokenized BLEU after --remove-bpe" in results.with_suffix(".md").read_text()
 
 
 def test_paired_test_of_tokenized_runs_uses_the_headline_bleu(tmp_path):

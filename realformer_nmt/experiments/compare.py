@@ -722,7 +722,8 @@ def comparison_markdown(summary):
     paired = any(summary[b].get("paired_vs_postln") for b in backbones)
     paired_pre = any(summary[b].get("paired_vs_preln") for b in backbones)
     lines = [f"# {summary['title']}: Post-LN vs Pre-LN vs RealFormer", "",
-             f"Test BLEU (sacreBLEU, detokenized, cased) of the best checkpoint by "
+             f"Test BLEU ({fairseq_runs.BLEU_LABELS[summary['recipe'].get('corpus', {}).get('bleu', 'sacrebleu')]}) "
+             "of the best checkpoint by "
              f"{'validation BLEU' if settings['select_by_bleu'] else 'validation loss'}, beam {settings['beam']}; "
              + ("**one seed**, so differences of a few tenths are within seed noise." if n_seeds == 1
                 else f"mean ± standard deviation over {n_seeds} seeds (seeds {summary[backbones[0]]['seeds']})."),

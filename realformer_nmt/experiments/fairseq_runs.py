@@ -462,6 +462,9 @@ BLEU_CONVENTIONS = {
                  "transformer_iwslt_de_en); beside it, sacreBLEU of the Moses-detokenized output against "
                  "the raw <seg> references, lowercased as the output is (signature recorded)",
 }
+BLEU_LABELS = {"sacrebleu": "sacreBLEU, detokenized, cased",
+               "tokenized": "fairseq's tokenized BLEU after --remove-bpe, as IWSLT'14 papers report it; "
+                            "lowercased sacreBLEU of the detokenized output in the JSON"}
 _FAIRSEQ_BLEU = re.compile(r"Generate \S+ with beam=\d+: (BLEU\d* = ([-+\d.]+).*)$")
 
 
