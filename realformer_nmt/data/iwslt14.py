@@ -6,7 +6,7 @@ The steps, each as the script does it:
 1. **train**: from ``train.tags.de-en.{de,en}``, lines containing ``<url>``, ``<talkid>`` or
    ``<keywords>`` are dropped and the ``<title>``/``<description>`` tags are removed (their
    text stays a training line); Moses tokenization (``sacremoses``, ``-l de`` / ``-l en``,
-   special characters escaped as ``tokenizer.perl`` does); Moses ``clean-corpus-n.perl
+   special characters escaped as ``tokenizer.perl`` does, with its final-dot rule); Moses ``clean-corpus-n.perl
    -ratio 1.5 ... 1 175`` (``clean_corpus``); lowercasing.
 2. **valid** is every 23rd line of that cleaned training text; **train** is the rest.
 3. **test**: the ``<seg id="N">`` lines of ``IWSLT14.TED.dev2010``, ``IWSLT14.TEDX.dev2012``,
@@ -172,13 +172,30 @@ def seg_lines(lines):
 
 
 _TOKENIZER = None
+_FINAL_DOT = re.compile(r"^(\S+)\.$")
+
+
+def _moses_tokenizer(lang):
+    """sacremoses' ``MosesTokenizer`` with the rule ``tokenizer.perl`` has had since Moses
+    commit 9fc964da (2018-11, "split final dots unconditionally"), which sacremoses 0.2.0
+    lacks: the last word of a line loses its final dot even when it is a nonbreaking prefix
+    (``im Jahr 2010.`` -> ``im Jahr 2010 .``). fairseq's script clones Moses' current code."""
+    from sacremoses import MosesTokenizer
+
+    class Tokenizer(MosesTokenizer):
+        def handles_nonbreaking_prefixes(self, text):
+            tokens = super().handles_nonbreaking_prefixes(text).split(" ")
+            match = _FINAL_DOT.match(tokens[-1]) if tokens else None
+            if match:
+                tokens[-1] = match.group(1) + " ."
+            return " ".join(tokens)
+
+    return Tokenizer(lang=lang)
 
 
 def _init_tokenizer(lang):
     global _TOKENIZER
-    from sacremoses import MosesTokenizer
-
-    _TOKENIZER = MosesTokenizer(lang=lang)
+    _TOKENIZER = _moses_tokenizer(lang)
 
 
 def _tokenize_line(line):
