@@ -305,6 +305,7 @@ def test_harness_compares_on_iwslt14_with_tokenized_bleu(prepared, tmp_path):
         detok = fairseq_runs.moses_detokenize([hyps[i] for i in range(len(hyps))], "en")
         assert run["sacrebleu"] == str(sacrebleu.corpus_bleu(detok, [expected["test_raw"]["en"]], lowercase=True))
         assert summary[backbone]["bleu_per_seed"] == [run["bleu"]]
+        assert summary[backbone]["sacrebleu_per_seed"] == [run["sacrebleu"]]
     written = json.loads(results.read_text(encoding="utf-8"))
     assert written["recipe"]["scoring"].startswith("headline: fairseq-generate's tokenized BLEU")
     assert "case:lc" in written["sacrebleu_signature"]
@@ -318,7 +319,7 @@ def test_paired_test_of_tokenized_runs_uses_the_headline_bleu(tmp_path):
     """Seed-paired bootstrap on IWSLT'14 runs scores what the headline scores: the hypotheses
     against fairseq-generate's tokenized targets, untokenized further."""
     refs, hyps, raw_refs, _ = (list(col) for col in zip(*SENTENCES))
-    worse = [h.replace("house", "home") for h in hyps]
+    worse = [" ".join(reversed(h.split())) for h in hyps]  # no 4-gram left: fairseq's BLEU is 0, unsmoothed
     runs = []
     for name, out in (("postln", hyps), ("realformer", worse)):
         (tmp_path / name).mkdir()
@@ -329,6 +330,7 @@ def test_paired_test_of_tokenized_runs_uses_the_headline_bleu(tmp_path):
                      for n, h in (("postln", hyps), ("realformer", worse))}
     assert test["baseline_bleu"] == pytest.approx(fairseq_score["postln"], abs=0.011)
     assert test["system_bleu"] == pytest.approx(fairseq_score["realformer"], abs=0.011)
+    assert fairseq_score["realformer"] == 0 < fairseq_score["postln"]
     assert "tok:none" in test["signature"] and "case:mixed" in test["signature"]
     runs[1]["bleu_convention"] = "sacrebleu"  # Multi30k runs keep the raw references and 13a
     assert fairseq_runs.paired_test_references(runs[1], raw_refs) == (raw_refs, {})

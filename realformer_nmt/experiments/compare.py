@@ -377,6 +377,9 @@ def summarize_backbone(results, backbone, residual_mode):
         "logs": [r["log"] for r in results],
         "flags": backbone_flags(backbone, residual_mode),
         "description": BACKBONE_DESCRIPTIONS[backbone],
+        # beside a tokenized-BLEU headline (IWSLT'14): each seed's lowercased sacreBLEU of the detokenized output
+        **({"sacrebleu_per_seed": [r.get("sacrebleu") for r in results]}
+           if any(r.get("bleu_convention") == "tokenized" for r in results) else {}),
     }
 
 

@@ -434,12 +434,13 @@ def paired_test_references(result, references):
     """(references, sacreBLEU ``BLEU`` options) of a paired test on runs scored like
     ``result`` (a run record with ``bleu_convention`` and ``run_dir``): the raw
     ``references`` and sacreBLEU's defaults, or, for tokenized BLEU, the ``T-`` lines of
-    the run's ``generate.txt`` in corpus order, untokenized further (sacreBLEU then
-    computes fairseq's tokenized BLEU, the headline)."""
+    the run's ``generate.txt`` in corpus order, untokenized further and unsmoothed
+    (sacreBLEU then computes fairseq's tokenized BLEU, the headline)."""
     if result.get("bleu_convention", "sacrebleu") != "tokenized":
         return references, {}
     targets = parse_generate_targets(read_log(os.path.join(result["run_dir"], "generate.txt")))
-    return [targets[i] for i in range(len(targets))], {"tokenize": "none", "force": True}
+    # no smoothing either: fairseq's BLEU is 0 when a precision is
+    return [targets[i] for i in range(len(targets))], {"tokenize": "none", "smooth_method": "none", "force": True}
 
 
 def sacrebleu_score(hypotheses, references, lowercase=False):
@@ -455,7 +456,7 @@ def sacrebleu_score(hypotheses, references, lowercase=False):
 # what prepare.json's "bleu" names -> which score is the headline, and why
 BLEU_CONVENTIONS = {
     "sacrebleu": "headline: sacreBLEU (13a tokenization, cased) of the detokenized output against the raw "
-                 "references, the comparable BLEU for corpora without a tokenized-BLEU tradition (Multi30k)",
+                 "references, the comparable BLEU for corpora without a tokenized-BLEU tradition, such as Multi30k",
     "tokenized": "headline: fairseq-generate's tokenized BLEU (its default scorer, --scoring bleu) after "
                  "--remove-bpe, against the Moses-tokenized, lowercased references of the binarized test "
                  "set, because that is the BLEU IWSLT'14 De-En papers report (about 34.5-35 for "
