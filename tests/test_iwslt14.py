@@ -171,6 +171,9 @@ def test_download_fetches_the_recipes_archive(tmp_path, monkeypatch):
     assert sorted(os.listdir(folder)) == sorted(iwslt14.needed_files() + ["IWSLT14.TED.tst2013.de-en.de.xml",
                                                                            "IWSLT14.TED.tst2013.de-en.en.xml"])
 
+    requested.clear()  # a re-run reuses the finished download
+    assert iwslt14.find_raw_files(download=True, work_dir=str(tmp_path / "work")) == folder and not requested
+
     def offline(url, timeout=None):
         raise urllib.error.URLError("no network")
 

@@ -90,10 +90,14 @@ def _extract(archive, dest):
     """Extract the ``de-en/`` files of ``archive`` into ``dest``; return ``dest/de-en``."""
     try:
         with tarfile.open(archive, "r:*") as tar:
-            members = [m for m in tar.getmembers() if m.isfile() and m.name.split("/")[0] == LANG_PAIR]
+            members = [m for m in tar.getmembers() if m.isfile() and m.name.split("/")[0] == LANG_PAIR
+                       and ".." not in m.name.split("/")]  # plain files under de-en/ only
             if not members:
                 raise DataError(f"{archive} has no {LANG_PAIR}/ folder: is it IWSLT'14's {ARCHIVE}?")
-            tar.extractall(dest, members=members, filter="data")
+            if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4 / 3.10.12 / 3.9.17
+                tar.extractall(dest, members=members, filter="data")
+            else:
+                tar.extractall(dest, members=members)
     except (tarfile.TarError, OSError) as exc:
         raise DataError(f"cannot extract {archive}: {exc}") from exc
     return os.path.join(dest, LANG_PAIR)
@@ -118,8 +122,9 @@ def find_raw_files(raw_dir=None, download=False, work_dir="."):
     into ``work_dir/orig``."""
     check_iwslt14_source(raw_dir, download)
     orig = os.path.join(work_dir, "orig")
-    if download:
-        folder = _extract(_download(orig), orig)
+    if download:  # a finished download (renamed from .part) is reused by a re-run
+        archive = os.path.join(orig, ARCHIVE)
+        folder = _extract(archive if os.path.isfile(archive) else _download(orig), orig)
     else:
         for folder in (os.path.join(raw_dir, LANG_PAIR), raw_dir):
             if os.path.isdir(folder) and _has_files(folder):
