@@ -87,6 +87,8 @@ def test_binaries_and_prepare_json_are_what_the_harness_reads(prepared):
     dest, expected, summary = prepared
     dicts = {lang: Dictionary.load(str(dest / f"dict.{lang}.txt")) for lang in ("de", "en")}
     assert dicts["de"].symbols != dicts["en"].symbols  # separate dictionaries, as fairseq's README
+    assert summary["dictionary_sizes"] == {lang: len(d) for lang, d in dicts.items()}
+    assert summary["dictionary_size"] == len(dicts["en"])
     test_en = data_utils.load_indexed_dataset(str(dest / "test.de-en.en"), dicts["en"])
     # pieces the training text never produced are <unk> in the binaries, as with fairseq's own recipe
     pieces = [" ".join(p if p in dicts["en"].indices else "<unk>" for p in line.split())

@@ -394,7 +394,8 @@ def prepare(dest_dir, settings, raw_dir=None, download=False, work_dir=None, bpe
                               / max(1, _tokens(os.path.join(bpe_dir, f"train.{SRC}"))), 4),
         "counts": {split: count_lines(os.path.join(tok_dir, f"{split}.{SRC}")) for split in SPLITS},
         "report": {"tag_lines_dropped": tag_lines, "clean": clean_report, "test_sets": test_counts},
-        "dictionary_size": {lang: dictionary_size(os.path.join(dest_dir, f"dict.{lang}.txt")) for lang in langs},
+        "dictionary_size": dictionary_size(os.path.join(dest_dir, f"dict.{TGT}.txt")),  # the target's, as elsewhere
+        "dictionary_sizes": {lang: dictionary_size(os.path.join(dest_dir, f"dict.{lang}.txt")) for lang in langs},
         "dest_dir": os.path.abspath(dest_dir),
         "raw_dir": os.path.abspath(tok_dir),
         "bpe_dir": os.path.abspath(bpe_dir),
