@@ -1,0 +1,46 @@
+"""Small helpers the commands share (argparse types, JSON output, the plugin's folder).
+
+Nothing here imports ``realformer_nmt``: that imports fairseq, which is slow, and the
+commands answer ``--help`` and flag errors before that."""
+
+import argparse
+import importlib.util
+import json
+import os
+
+
+def comma_list(kind=str, choices=None):
+    """argparse type: ``"a,b,c"`` -> ``[kind(a), kind(b), kind(c)]``, optionally from ``choices``."""
+    def parse(text):
+        try:
+            values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {kind.__name__}s, got {text!r}") from exc
+        if not values:
+            raise argparse.ArgumentTypeError("empty list")
+        bad = [v for v in values if choices is not None and v not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(map(str, bad))} (choose from {', '.join(map(str, choices))})")
+        return values
+    return parse
+
+
+def emit_json(summary, path=None):
+    """Print ``summary`` as JSON and, with ``path``, also write it there."""
+    text = json.dumps(summary, indent=2, ensure_ascii=False)
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+def user_dir():
+    """The folder of the ``realformer_nmt`` package Python imports here (an installed wheel's
+    or a checkout's): the value of fairseq's ``--user-dir``. Found without importing it."""
+    spec = importlib.util.find_spec("realformer_nmt")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("realformer-nmt-user-dir: error: no realformer_nmt package on this Python's path")
+    return os.path.abspath(list(spec.submodule_search_locations)[0])
