@@ -1,3 +1,4 @@
+#!/usr/bin/env python
 """Attention entropy and adjacent-layer JSD per layer and head, with the paper's violin
 plots (He et al. 2021, Figs 4-8), for a translation or encoder-only checkpoint.
 

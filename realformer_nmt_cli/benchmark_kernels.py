@@ -1,3 +1,4 @@
+#!/usr/bin/env python
 """Residual-attention kernels timed against each other: the measurements behind
 ``--residual-attention-kernel auto`` (attention alone, forward + backward).
 

@@ -1,3 +1,4 @@
+#!/usr/bin/env python
 """Speed and memory of realformer_transformer against fairseq's transformer, same run.
 
 Variants: vanilla (fairseq's transformer), and RealFormer (all three paths, sum) with

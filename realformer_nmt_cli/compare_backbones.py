@@ -1,3 +1,4 @@
+#!/usr/bin/env python
 """Post-LN vs Pre-LN vs RealFormer on a translation corpus, with one shared recipe and budget.
 
   # the CPU comparison in results/ (3+3 layers, d=256; seeds 1-3, two trainings at once):

@@ -1,3 +1,4 @@
+#!/usr/bin/env python
 """Post-LN vs Pre-LN vs RealFormer BERT-style encoders on a masked-LM corpus, one recipe.
 
 The sibling of compare_backbones.py (same machinery: resumable fairseq-train runs, their

@@ -1,3 +1,4 @@
+#!/usr/bin/env python
 """Convert one of Google's released RealFormer BERT checkpoints to fairseq.
 
   python scripts/convert_google_checkpoint.py bert_small.zip --out checkpoints/realformer_bert_small

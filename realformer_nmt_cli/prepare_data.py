@@ -1,3 +1,4 @@
+#!/usr/bin/env python
 """Prepare a translation corpus for fairseq: raw text -> joint SentencePiece -> binaries.
 
   python scripts/prepare_data.py                                  # synthetic En->De demo corpus

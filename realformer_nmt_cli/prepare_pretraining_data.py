@@ -1,3 +1,4 @@
+#!/usr/bin/env python
 """Prepare raw text for encoder pre-training: documents -> SentencePiece -> fairseq binaries.
 
   python scripts/prepare_pretraining_data.py --raw-dir ../shared/data/wikitext-2 --out data-bin/wikitext2_mlm

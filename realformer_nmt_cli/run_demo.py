@@ -1,3 +1,4 @@
+#!/usr/bin/env python
 """CPU demo: synthetic En->De corpus -> small RealFormer -> beam search -> sacreBLEU.
 
 Steps: (1) ``prepare("synthetic", --data)`` unless already prepared with the same
