@@ -48,9 +48,9 @@ setup(
         "Intended Audience :: Science/Research",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
-    packages=find_packages(include=["realformer_nmt", "realformer_nmt.*", "realformer_nmt_cli"]),
+    packages=find_packages(include=["realformer_nmt", "realformer_nmt.*"]),
     cmdclass={"build_py": BuildPyWithKernelRule},
-    entry_points={"console_scripts": [f"{name} = realformer_nmt_cli.{target}" for name, target in COMMANDS.items()]},
+    entry_points={"console_scripts": [f"{name} = realformer_nmt.cli.{target}" for name, target in COMMANDS.items()]},
     python_requires=">=3.9",
     # torch is deliberately not listed: pip must never replace the torch a user has
     # (CPU or a CUDA build). Install torch first; see README.

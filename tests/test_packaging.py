@@ -36,8 +36,7 @@ def _copy_sources(dest):
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for name in ("setup.py", "README.md", "LICENSE", "CITATION.cff", "MANIFEST.in", "constraints.txt"):
         shutil.copy2(REPO / name, dest / name)
-    for package in ("realformer_nmt", "realformer_nmt_cli"):
-        shutil.copytree(REPO / package, dest / package, ignore=ignore)
+    shutil.copytree(REPO / "realformer_nmt", dest / "realformer_nmt", ignore=ignore)
     (dest / "results" / "gpu").mkdir(parents=True)
     (dest / "results" / "gpu" / "kernel_rule.json").write_text(json.dumps(PACKAGED_RULE))
 
@@ -78,16 +77,16 @@ def _console_scripts(wheel):
 
 def test_every_script_is_a_console_command_of_the_wheel(installed):
     """Each scripts/<name>.py of the checkout has a command in the wheel that runs the
-    same function (realformer_nmt_cli.<name>), and there is a --user-dir command."""
+    same function (realformer_nmt.cli.<name>), and there is a --user-dir command."""
     _, _, _, wheel = installed
     commands, files = _console_scripts(wheel)
     targets = {target.split(":")[0] for target in commands.values()}
     scripts = sorted(p.stem for p in (REPO / "scripts").glob("*.py") if not p.stem.startswith("_"))
     assert scripts
-    missing = [s for s in scripts if f"realformer_nmt_cli.{s}" not in targets]
+    missing = [s for s in scripts if f"realformer_nmt.cli.{s}" not in targets]
     assert not missing, f"scripts with no console command in the wheel: {missing}"
-    assert commands["realformer-nmt-user-dir"] == "realformer_nmt_cli.user_dir:main"
-    assert commands["realformer-export-hf"] == "realformer_nmt_cli.export_hf:main"
+    assert commands["realformer-nmt-user-dir"] == "realformer_nmt.cli.user_dir:main"
+    assert commands["realformer-export-hf"] == "realformer_nmt.cli.export_hf:main"
     assert not any(f.startswith(("scripts/", "tests/", "results/")) for f in files)
     assert "realformer_nmt/modules/kernel_rule.json" in files
 

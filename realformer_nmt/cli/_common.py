@@ -1,10 +1,6 @@
-"""Small helpers the commands share (argparse types, JSON output, the plugin's folder).
-
-Nothing here imports ``realformer_nmt``: that imports fairseq, which is slow, and the
-commands answer ``--help`` and flag errors before that."""
+"""Small helpers the commands share (argparse types, JSON output, the plugin's folder)."""
 
 import argparse
-import importlib.util
 import json
 import os
 
@@ -38,9 +34,6 @@ def emit_json(summary, path=None):
 
 
 def user_dir():
-    """The folder of the ``realformer_nmt`` package Python imports here (an installed wheel's
-    or a checkout's): the value of fairseq's ``--user-dir``. Found without importing it."""
-    spec = importlib.util.find_spec("realformer_nmt")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("realformer-nmt-user-dir: error: no realformer_nmt package on this Python's path")
-    return os.path.abspath(list(spec.submodule_search_locations)[0])
+    """The folder of the ``realformer_nmt`` package these commands belong to (an installed
+    wheel's or a checkout's): the value of fairseq's ``--user-dir``."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -3,7 +3,7 @@
 
 The wheel installs them as console commands (``realformer-prepare-data``, ...; the list is
 ``setup.py``'s ``entry_points``), and ``scripts/<name>.py`` in a checkout runs the same
-``main``. A separate top-level package, like fairseq's own ``fairseq_cli`` beside
-``fairseq``: importing ``realformer_nmt`` imports fairseq and registers the plugin (seconds),
-so each command parses its flags, and answers ``--help``, before it imports that.
+``main``. It lives inside the plugin package (the project's top-level layout is fixed), so
+importing a command imports ``realformer_nmt`` and with it fairseq: ``--help`` takes the
+seconds that import takes.
 """
