@@ -1,12 +1,56 @@
+import os
+
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+# The CUDA rule of `--residual-attention-kernel auto` the project measured (make gpu-check):
+# committed as results/gpu/kernel_rule.json, shipped in the wheel next to the module that
+# reads it. No measured rule yet: nothing is shipped and `auto` uses its default.
+KERNEL_RULE = os.path.join("results", "gpu", "kernel_rule.json")
+PACKAGED_KERNEL_RULE = os.path.join("realformer_nmt", "modules", "kernel_rule.json")
+
+# console commands -> the same main() that scripts/<name>.py runs in a checkout
+COMMANDS = {
+    "realformer-prepare-data": "prepare_data:main",
+    "realformer-prepare-pretraining-data": "prepare_pretraining_data:main",
+    "realformer-convert-google-checkpoint": "convert_google_checkpoint:main",
+    "realformer-export-hf": "export_hf:main",
+    "realformer-compare-backbones": "compare_backbones:main",
+    "realformer-compare-mlm-backbones": "compare_mlm_backbones:main",
+    "realformer-demo": "run_demo:main",
+    "realformer-analyze-attention": "analyze_attention:command",
+    "realformer-benchmark-speed": "benchmark_speed:command",
+    "realformer-benchmark-kernels": "benchmark_kernels:command",
+    "realformer-nmt-user-dir": "user_dir:main",
+}
+
+
+class BuildPyWithKernelRule(build_py):
+    """build_py that also copies the committed kernel rule into the built package."""
+
+    def run(self):
+        super().run()
+        if os.path.isfile(KERNEL_RULE):
+            self.copy_file(KERNEL_RULE, os.path.join(self.build_lib, PACKAGED_KERNEL_RULE))
+
 
 setup(
     name="realformer-nmt",
     version="0.1.0",
     description="RealFormer (residual attention) for fairseq: translation and encoder pre-training",
-    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description=open("README.md", encoding="utf-8").read() if os.path.exists("README.md") else "",
     long_description_content_type="text/markdown",
+    license="MIT",
+    classifiers=[
+        "License :: OSI Approved :: MIT License",
+        "Programming Language :: Python :: 3",
+        "Operating System :: OS Independent",
+        "Intended Audience :: Science/Research",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
     packages=find_packages(include=["realformer_nmt", "realformer_nmt.*"]),
+    cmdclass={"build_py": BuildPyWithKernelRule},
+    entry_points={"console_scripts": [f"{name} = realformer_nmt.cli.{target}" for name, target in COMMANDS.items()]},
     python_requires=">=3.9",
     # torch is deliberately not listed: pip must never replace the torch a user has
     # (CPU or a CUDA build). Install torch first; see README.

@@ -1,36 +1,11 @@
-"""Small helpers the command-line fronts in scripts/ share (argparse types, JSON output).
+"""The helpers the commands share now live in ``realformer_nmt/cli/_common.py``; this name
+is kept for scripts that still import it (``from _cli import comma_list, emit_json``)."""
 
-Kept outside the package on purpose: importing ``realformer_nmt`` imports fairseq, which
-is slow, and the scripts answer ``--help`` and flag errors before that."""
-
-import argparse
-import json
 import os
+import sys
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
 
-def comma_list(kind=str, choices=None):
-    """argparse type: ``"a,b,c"`` -> ``[kind(a), kind(b), kind(c)]``, optionally from ``choices``."""
-    def parse(text):
-        try:
-            values = [kind(v.strip()) for v in text.split(",") if v.strip()]
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(
-                f"expected a comma-separated list of {kind.__name__}s, got {text!r}") from exc
-        if not values:
-            raise argparse.ArgumentTypeError("empty list")
-        bad = [v for v in values if choices is not None and v not in choices]
-        if bad:
-            raise argparse.ArgumentTypeError(
-                f"unknown {', '.join(map(str, bad))} (choose from {', '.join(map(str, choices))})")
-        return values
-    return parse
-
-
-def emit_json(summary, path=None):
-    """Print ``summary`` as JSON and, with ``path``, also write it there."""
-    text = json.dumps(summary, indent=2, ensure_ascii=False)
-    if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    print(text)
+from realformer_nmt.cli._common import comma_list, emit_json, user_dir  # noqa: E402,F401

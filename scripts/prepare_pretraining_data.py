@@ -1,21 +1,10 @@
 #!/usr/bin/env python
 """Prepare raw text for encoder pre-training: documents -> SentencePiece -> fairseq binaries.
 
-  python scripts/prepare_pretraining_data.py --raw-dir ../shared/data/wikitext-2 --out data-bin/wikitext2_mlm
-
---raw-dir holds one sentence or paragraph per line, documents separated by empty lines
-or WikiText ` = Title = ` headings. Training text: train.txt (or wiki.train.tokens), and
-when there is none test.txt (or wiki.test.tokens): the WikiText-2 copy in shared/data has
-only test.txt and valid.txt. Validation text: valid.txt (or wiki.valid.tokens).
-
---out is a data dir for `fairseq-train --task masked_lm` and `--task masked_lm_nsp`:
-dict.txt, train.{bin,idx}, valid.{bin,idx}, spm.model (for --bpe sentencepiece and the
-hub interface) and prepare.json. Re-running resumes an interrupted run and does nothing
-when the inputs and settings are unchanged. The summary is printed as JSON.
+Runs ``realformer_nmt/cli/prepare_pretraining_data.py`` from a checkout (the wheel installs it as the command
+``realformer-prepare-pretraining-data``). ``--help`` lists its flags and examples.
 """
 
-import argparse
-import logging
 import os
 import sys
 
@@ -23,49 +12,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from _cli import emit_json  # noqa: E402  (scripts/_cli.py)
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--raw-dir", required=True, help="directory with the raw text files")
-    p.add_argument("--out", required=True, help="output data dir")
-    p.add_argument("--vocab-size", type=int, default=8000,
-                   help="SentencePiece vocabulary size (default: %(default)s)")
-    p.add_argument("--model-type", choices=["bpe", "unigram"], default="bpe",
-                   help="SentencePiece model type (default: %(default)s)")
-    p.add_argument("--train-file", help="training text, relative to --raw-dir (default: train.txt, "
-                                        "wiki.train.tokens, test.txt or wiki.test.tokens, the first that exists)")
-    p.add_argument("--valid-file", help="validation text, relative to --raw-dir (default: valid.txt "
-                                        "or wiki.valid.tokens)")
-    p.add_argument("--work-dir", help="intermediate text and piece files (default: OUT/work)")
-    p.add_argument("--json", help="also write the summary to this file")
-    return p.parse_args(argv)
-
-
-def fail(message):
-    print(f"prepare_pretraining_data.py: error: {message}", file=sys.stderr)
-    return 2
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    if not os.path.isdir(args.raw_dir):  # before the slow import of fairseq
-        return fail(f"--raw-dir {args.raw_dir} is not a directory")
-    logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
-    from realformer_nmt.data import pretraining
-    from realformer_nmt.errors import DataError
-
-    try:
-        summary = pretraining.prepare_pretraining(
-            args.raw_dir, args.out, vocab_size=args.vocab_size, work_dir=args.work_dir,
-            train_file=args.train_file, valid_file=args.valid_file, model_type=args.model_type,
-        )
-    except DataError as exc:
-        return fail(exc)
-    emit_json(summary, args.json)
-    return 0
-
+from realformer_nmt.cli.prepare_pretraining_data import main, parse_args  # noqa: E402,F401
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -529,6 +529,20 @@ def test_checks_refuse_a_misspelt_flag():
     assert "--roundz" in check_python_args(kernels, ["--roundz", "5"])
 
 
+def test_license_and_citation_files_exist_and_the_readme_names_them():
+    import yaml  # PyYAML: omegaconf's dependency, so fairseq's
+
+    assert (REPO / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
+    cff = yaml.safe_load((REPO / "CITATION.cff").read_text(encoding="utf-8"))
+    assert cff["cff-version"] == "1.2.0" and cff["license"] == "MIT" and cff["title"]
+    papers = [r for r in cff["references"] if r["title"] == "RealFormer: Transformer Likes Residual Attention"]
+    assert len(papers) == 1 and papers[0]["year"] == 2021
+    assert [a["family-names"] for a in papers[0]["authors"]] == ["He", "Ravula", "Kanagal", "Ainslie"]
+    assert any("2012.11747" in str(i["value"]) for i in papers[0]["identifiers"])
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "](LICENSE)" in readme and "](CITATION.cff)" in readme
+
+
 def test_slug_follows_githubs_rule():
     assert slug("Whole-model benchmark against fairseq's `transformer`") == \
         "whole-model-benchmark-against-fairseqs-transformer"

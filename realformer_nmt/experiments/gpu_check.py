@@ -16,7 +16,8 @@ Steps (each writes ``<out>/<step>.json``; ``<out>/summary.md`` is rewritten afte
   ``--fp16``, for ``--ddp-backend pytorch_ddp`` and ``legacy_ddp``.
 * ``speed``: ``scripts/benchmark_speed.py`` in fp16 and bf16 (vanilla and every
   kernel; T = 128, 512, 1024; base and big), and ``scripts/benchmark_kernels.py``, which
-  writes ``<out>/kernel_rule.json`` (the rule ``auto`` applies on CUDA).
+  writes ``<out>/kernel_rule.json`` (the rule ``auto`` applies on CUDA) and copies it to the
+  user's rule, ``~/.cache/realformer_nmt/kernel_rule.json`` (``$XDG_CACHE_HOME`` honoured).
 
 Resumable: a step whose JSON is in ``--out`` (from a run of the same kind, dry or
 not) is not run again (``--force`` runs it again); inside ``train`` and ``speed`` every
@@ -34,6 +35,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -44,7 +46,7 @@ from typing import Dict, List, Optional
 import realformer_nmt
 
 from ..errors import ConfigError
-from ..modules.residual_attention import KERNELS
+from ..modules.residual_attention import KERNELS, user_kernel_rule_path
 from . import distributed_runs, fairseq_runs
 
 STEPS = ("tests", "train", "ddp", "speed")
@@ -458,6 +460,12 @@ class GpuCheck:
             else:
                 checks.append(check(name, "passed", None, command=portable(cmd), result=rel(result_path),
                                     log=rel(log_path)))
+        if not self.dry_run and os.path.isfile(self.rule_path()):
+            # the user's own rule: what `auto` reads on this machine, installed wheel or checkout
+            user_rule = user_kernel_rule_path()
+            os.makedirs(os.path.dirname(user_rule), exist_ok=True)
+            shutil.copyfile(self.rule_path(), user_rule)
+            self.log(f"speed: kernel rule copied to {user_rule} ('auto' reads it on CUDA)")
         if not self.dry_run or not checks:
             return checks
         checks.append(check("peak CUDA memory", "skipped", "torch.cuda.max_memory_allocated needs CUDA (dry run)"))

@@ -152,8 +152,9 @@ def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int) -> 
     math kernel (a mask with a gradient), no better than ``materialized``.
 
     On CUDA: the rule measured by the GPU check (``results/gpu/kernel_rule.json``, written
-    by ``python -m realformer_nmt.experiments.gpu_check --steps speed``; another file can be
-    named by ``REALFORMER_KERNEL_RULE``), ``{"rule": {"first_layer": K, "later_layers": K}}``.
+    by ``python -m realformer_nmt.experiments.gpu_check --steps speed`` and shipped in the
+    wheel; a user's own rule overrides it, see ``kernel_rule_source``),
+    ``{"rule": {"first_layer": K, "later_layers": K}}``.
     Until a GPU has measured it: ``bias`` for every layer (it stores no probabilities and
     adds no QK work; ``fused`` grows its QK work with depth). ``bias`` is replaced by
     ``materialized`` if no fused SDPA backend of this GPU takes a float mask with a gradient
@@ -176,11 +177,37 @@ KERNEL_RULE_ENV = "REALFORMER_KERNEL_RULE"
 DEFAULT_CUDA_RULE = {"first_layer": "bias", "later_layers": "bias"}
 
 
+# The project's measured rule: in a wheel, next to this module (setup.py copies the committed
+# results/gpu/kernel_rule.json there when it builds); in a checkout, results/gpu/ itself.
+PACKAGED_KERNEL_RULE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_rule.json")
+CHECKOUT_KERNEL_RULE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                    "results", "gpu", "kernel_rule.json")
+
+
+def user_kernel_rule_path() -> str:
+    """The per-user rule, ``$XDG_CACHE_HOME/realformer_nmt/kernel_rule.json`` (default
+    ``~/.cache/realformer_nmt/kernel_rule.json``): where the GPU check copies what it measured."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "realformer_nmt", "kernel_rule.json")
+
+
+def kernel_rule_source() -> Tuple[str, str]:
+    """``(path, which)`` of the CUDA rule ``auto`` reads, the first of: the file named by
+    ``REALFORMER_KERNEL_RULE`` (even if missing: then the default); the user's own rule
+    (``user_kernel_rule_path()``); the project's rule shipped in the package; a checkout's
+    ``results/gpu/kernel_rule.json``. None there: the default (``bias`` for every layer)."""
+    if os.environ.get(KERNEL_RULE_ENV):
+        return os.environ[KERNEL_RULE_ENV], KERNEL_RULE_ENV
+    for path, which in ((user_kernel_rule_path(), "the user's rule"), (PACKAGED_KERNEL_RULE, "the packaged rule"),
+                        (CHECKOUT_KERNEL_RULE, "the checkout's rule")):
+        if os.path.isfile(path):
+            return path, which
+    return PACKAGED_KERNEL_RULE, "no rule file"
+
+
 def kernel_rule_path() -> str:
-    """Where the measured CUDA rule is read from (``REALFORMER_KERNEL_RULE`` or the
-    repository's ``results/gpu/kernel_rule.json``)."""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.environ.get(KERNEL_RULE_ENV) or os.path.join(repo, "results", "gpu", "kernel_rule.json")
+    """Where the measured CUDA rule is read from (``kernel_rule_source``)."""
+    return kernel_rule_source()[0]
 
 
 @lru_cache(maxsize=None)
@@ -206,12 +233,12 @@ _LOGGED_RULES = set()
 
 def cuda_kernel_rule() -> Dict[str, str]:
     """``{"first_layer": kernel, "later_layers": kernel}`` for ``auto`` on CUDA (logged once)."""
-    path = kernel_rule_path()
+    path, which = kernel_rule_source()
     rule, origin = _read_kernel_rule(path)
     if path not in _LOGGED_RULES:
         _LOGGED_RULES.add(path)
-        logger.info("residual attention kernel 'auto' on CUDA: first layer of a path %s, later layers %s (%s)",
-                    rule["first_layer"], rule["later_layers"], origin)
+        logger.info("residual attention kernel 'auto' on CUDA: first layer of a path %s, later layers %s (%s; %s)",
+                    rule["first_layer"], rule["later_layers"], origin, which)
     return rule
 
 

@@ -1,0 +1,268 @@
+#!/usr/bin/env python
+"""Post-LN vs Pre-LN vs RealFormer on a translation corpus, with one shared recipe and budget.
+
+  # the CPU comparison in results/ (3+3 layers, d=256; seeds 1-3, two trainings at once):
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/m30k \\
+      --max-update 1800 --seeds 1,2,3 --jobs 2 --results results/multi30k_en_de.json
+
+  # the same recipe on a second language pair (prepare_data.py --corpus multi30k --src en --tgt fr):
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_fr --out runs/compare/m30k_en_fr \\
+      --backbones postln,preln,realformer,realformer_preln --max-update 1800 --seeds 1,2,3 --jobs 2 \\
+      --results results/multi30k_en_fr.json
+
+  # depth stress test: 6+6 and 12+12 layers, d=128, 4 backbones (incl. RealFormer mean), 2 seeds:
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/depth \\
+      --depth-stress --seeds 1,2 --jobs 2 --results results/depth_stress.json
+
+  # which path matters: encoder / decoder / cross alone, all three, Post-LN (reuses the runs above):
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/m30k \\
+      --path-ablation --max-update 1800 --seeds 1,2 --jobs 2 --results results/path_ablation.json
+
+  # the paper's learning-rate stability test (Fig. 3), short budget:
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/lr_sweep \\
+      --lr-sweep --lrs 1e-3,3e-3,1e-2 --max-update 200 --warmup-updates 100 \\
+      --validate-interval-updates 50 --log-interval 10 --jobs 2 --results results/lr_stress.json
+
+  # the full-size recipe on a GPU (transformer_iwslt_de_en dims, fp16, about 40 epochs, 3 seeds):
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/m30k_gpu \\
+      --device cuda --size iwslt --lr 5e-4 --warmup-updates 1000 --dropout 0.3 --weight-decay 0.0001 \\
+      --max-tokens 4096 --max-update 5280 --seeds 1,2,3 --results results/multi30k_en_de_gpu.json
+
+  # IWSLT'14 De-En on a GPU (prepare_data.py --corpus iwslt14; tokenized BLEU, see docs/translation.md):
+  python scripts/compare_backbones.py --data data-bin/iwslt14.tokenized.de-en --out runs/compare/iwslt14 \\
+      --device cuda --size iwslt --lr 5e-4 --warmup-updates 4000 --dropout 0.3 --weight-decay 0.0001 \\
+      --max-tokens 4096 --max-update 50000 --seeds 1,2,3 --results results/iwslt14_de_en_gpu.json
+
+Backbones (only these flags differ between them):
+  postln              fairseq's `transformer` (Post-LN)
+  preln               fairseq's `transformer` --encoder-normalize-before --decoder-normalize-before
+  realformer          `realformer_transformer`, residual attention on all three paths
+                      (--residual-attention-mode selects sum or mean)
+  realformer_mean     the same with --residual-attention-mode mean (the depth test's fourth backbone)
+  realformer_preln    `realformer_transformer`, all three paths, Pre-LN
+                      (--encoder-normalize-before --decoder-normalize-before); tested against
+                      preln as well as postln (paired_vs_preln)
+  realformer_encoder, realformer_decoder, realformer_cross
+                      residual attention on that one path (the path ablation)
+Everything else (dims, Adam, inverse_sqrt schedule, dropout, label smoothing, batch,
+update budget, seed) is identical; dims are passed explicitly.
+
+Each run trains in OUT/<backbone>/seed<k>/ (OUT/lr<lr>/... with --lr-sweep, OUT/L<depth>/...
+with --depth-stress): checkpoints, train.log (every attempt appended), generate.txt,
+train.json and result.json. The best checkpoint (by validation loss, or by validation BLEU
+with --select-by-bleu) is decoded on `test` with beam search (--remove-bpe as prepare.json
+names it) and scored by the corpus's BLEU convention (prepare.json's "bleu"): sacreBLEU
+against the raw references (cased, 13a tokenization), or for IWSLT'14 fairseq's tokenized
+BLEU as the headline with lowercased sacreBLEU of the Moses-detokenized output beside it;
+the signature is stored and the JSON's recipe.scoring says which BLEU is the headline.
+Every backbone is tested against Post-LN of the same seed with sacreBLEU's paired
+bootstrap resampling (--bootstrap-samples, p-value per seed), on the headline's BLEU.
+
+--jobs N trains N runs at once, each with OMP_NUM_THREADS = cores / N unless --threads is
+given; results do not depend on it (the JSON's machine field records it).
+
+Re-running the same command resumes: finished runs are reused, an interrupted one is
+restarted and fairseq continues it from checkpoint_last.pt. Asking for different settings
+in the same --out is refused (one folder, one recipe).
+
+Outputs: --results FILE.json (default OUT/comparison.json, OUT/lr_stress.json,
+OUT/depth_stress.json or OUT/path_ablation.json) plus FILE.md (a table), FILE.png
+(validation loss against updates) and FILE_hyps/ (each run's test hypotheses). Paths inside
+the repository are written relative to it.
+
+--lr-sweep and --depth-stress mark each run ok / diverged (fairseq stopped on NaN/inf
+gradients or a collapsed fp16 loss scale) / stalled (finished, but its best validation loss
+is more than --divergence-margin above the reference: the same backbone at --normal-lr in
+the sweep, the best run of the same seed in the depth test).
+"""
+
+import argparse
+import logging
+import shlex
+import sys
+import time
+
+from ._common import comma_list
+
+BACKBONES = ("postln", "preln", "realformer")
+VARIANTS = BACKBONES + ("realformer_mean", "realformer_preln", "realformer_encoder", "realformer_decoder",
+                       "realformer_cross")
+DEPTH_BACKBONES = ("postln", "preln", "realformer", "realformer_mean")
+DEPTH_SIZE = dict(embed_dim=128, ffn_dim=512, heads=4)  # compare.DEPTH_SIZE (kept here: --help without fairseq)
+
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    io = p.add_argument_group("data and outputs")
+    io.add_argument("--data", required=True,
+                    help="binarized corpus from scripts/prepare_data.py (e.g. data-bin/multi30k_en_de)")
+    io.add_argument("--references", default=None,
+                    help="raw test references, one per line (default: <raw_dir>/test.de from DATA/prepare.json)")
+    io.add_argument("--out", required=True, help="folder for the runs: checkpoints, logs, per-run JSON")
+    io.add_argument("--results", default=None,
+                    help="summary JSON path; .md and .png are written next to it "
+                         "(default: OUT/comparison.json, or OUT/lr_stress.json with --lr-sweep)")
+    io.add_argument("--title", default=None,
+                    help="corpus name used in tables and plots (default: from DATA/prepare.json, "
+                         "e.g. 'Multi30k En->De')")
+    io.add_argument("--machine-note", default="",
+                    help="free text stored with the machine description (e.g. 'shared with other jobs')")
+
+    what = p.add_argument_group("what to train")
+    what.add_argument("--backbones", type=comma_list(str), default=None,
+                      help=f"comma list of {', '.join(VARIANTS)} (default: postln,preln,realformer; "
+                           "with --depth-stress also realformer_mean)")
+    what.add_argument("--residual-attention-mode", choices=("sum", "mean"), default="sum",
+                      help="RealFormer's rule: softmax over the running sum or mean of scores (default: sum)")
+    what.add_argument("--seeds", type=comma_list(int), default=[1], help="comma list of seeds (default: 1)")
+
+    model = p.add_argument_group("model size (identical for every backbone)")
+    model.add_argument("--size", choices=("small", "iwslt", "base"), default="small",
+                       help="small: 3+3 layers, 256/512/4 heads (CPU); iwslt: 6+6, 512/1024/4 "
+                            "(transformer_iwslt_de_en); base: 6+6, 512/2048/8 (default: small)")
+    model.add_argument("--layers", type=int, help="encoder and decoder layers (overrides --size)")
+    model.add_argument("--embed-dim", type=int, help="embedding dim (overrides --size)")
+    model.add_argument("--ffn-dim", type=int, help="FFN inner dim (overrides --size)")
+    model.add_argument("--heads", type=int, help="attention heads (overrides --size)")
+
+    train = p.add_argument_group("recipe and budget (identical for every backbone)")
+    train.add_argument("--lr", type=float, default=1e-3,
+                       help="peak learning rate, Adam + inverse_sqrt (default: %(default)s)")
+    train.add_argument("--warmup-updates", type=int, default=400, help="linear warmup updates (default: %(default)s)")
+    train.add_argument("--max-update", type=int, default=None,
+                       help="update budget per run; deterministic, the same for every backbone; 1800 is "
+                            "about 7 epochs of Multi30k at --max-tokens 2048 (default: 1800; 1200 with "
+                            "--depth-stress)")
+    train.add_argument("--max-minutes", type=float, default=0.0,
+                       help="also stop each run after this much training time (fairseq --stop-time-hours; "
+                            "0 = no limit). Backbones may then get different numbers of updates (default: 0)")
+    train.add_argument("--max-tokens", type=int, default=2048, help="tokens per batch (default: %(default)s)")
+    train.add_argument("--dropout", type=float, default=0.1, help="(default: %(default)s)")
+    train.add_argument("--weight-decay", type=float, default=0.0, help="(default: %(default)s)")
+    train.add_argument("--label-smoothing", type=float, default=0.1, help="(default: %(default)s)")
+    train.add_argument("--clip-norm", type=float, default=0.0,
+                       help="gradient clipping; 0 = none, as in the paper's stability test (default: 0)")
+    train.add_argument("--validate-interval-updates", type=int, default=0,
+                       help="also validate every N updates (default: 0 = once per epoch)")
+    train.add_argument("--select-by-bleu", action="store_true",
+                       help="fairseq --eval-bleu during validation; checkpoint_best.pt is the best validation "
+                            "BLEU (slower: beam search on the validation set at every validation)")
+    train.add_argument("--log-interval", type=int, default=50,
+                       help="fairseq's training log line every N updates (default: %(default)s)")
+    train.add_argument("--beam", type=int, default=5, help="beam size for the test decode (default: %(default)s)")
+    train.add_argument("--train-args", default="",
+                       help="extra fairseq-train flags for every run, one shell-quoted string "
+                            "(e.g. \"--update-freq 2\")")
+
+    dev = p.add_argument_group("device")
+    dev.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                     help="cpu passes --cpu; cuda trains on the GPU with --fp16 (default: cpu)")
+    dev.add_argument("--no-fp16", action="store_true", help="with --device cuda: train in float32")
+    dev.add_argument("--threads", type=int, default=None,
+                     help="OMP_NUM_THREADS for each fairseq process (default: inherited with --jobs 1, "
+                          "else the cores shared out between the jobs). On a shared CPU, 1 avoids threads "
+                          "spinning against other jobs")
+    dev.add_argument("--jobs", type=int, default=1,
+                     help="train this many runs at once (default: 1; 2 uses both cores of a 2-core machine "
+                          "with one thread each)")
+    dev.add_argument("--bootstrap-samples", type=int, default=1000,
+                     help="resamples of the paired bootstrap test against Post-LN (default: %(default)s)")
+
+    stress = p.add_argument_group("depth stress test and path ablation")
+    stress.add_argument("--depth-stress", action="store_true",
+                        help="train every backbone at L+L layers for each --depths, narrow (default d=128, "
+                             "FFN 512, 4 heads) instead of the comparison; runs go to OUT/L<depth>/")
+    stress.add_argument("--depths", type=comma_list(int), default=[6, 12],
+                        help="layer counts (encoder = decoder) of the depth test (default: 6,12)")
+    stress.add_argument("--path-ablation", action="store_true",
+                        help="residual attention on the encoder, decoder or cross path alone, on all three, "
+                             "and Post-LN; shares OUT with the main comparison (its realformer and postln runs "
+                             "are reused)")
+
+    sweep = p.add_argument_group("learning-rate stability sweep")
+    sweep.add_argument("--lr-sweep", action="store_true",
+                       help="train every backbone at every --lrs instead of the comparison at --lr")
+    sweep.add_argument("--lrs", type=comma_list(float), default=[1e-3, 3e-3, 1e-2],
+                       help="peak learning rates of the sweep (default: 1e-3,3e-3,1e-2)")
+    sweep.add_argument("--normal-lr", type=float, default=None,
+                       help="the reference learning rate among --lrs (default: the smallest)")
+    sweep.add_argument("--divergence-margin", type=float, default=1.0,
+                       help="a finished run is 'stalled' when its best valid loss is more than this above the "
+                            "reference: the same backbone at --normal-lr (--lr-sweep), the best run of the same "
+                            "seed (--depth-stress) (default: %(default)s)")
+    args = p.parse_args(argv)
+    modes = [flag for flag, on in (("--lr-sweep", args.lr_sweep), ("--depth-stress", args.depth_stress),
+                                   ("--path-ablation", args.path_ablation)) if on]
+    if len(modes) > 1:
+        p.error(f"{' and '.join(modes)} are separate experiments: give one")
+    if args.path_ablation and args.backbones is not None:
+        p.error("--path-ablation trains a fixed set (encoder, decoder, cross, all, postln): drop --backbones")
+    if args.backbones is None:
+        args.backbones = list(DEPTH_BACKBONES if args.depth_stress else BACKBONES)
+    for b in args.backbones:
+        if b not in VARIANTS:
+            p.error(f"--backbones: unknown backbone {b!r} (choose from {', '.join(VARIANTS)})")
+    if args.max_update is None:
+        args.max_update = 1200 if args.depth_stress else 1800
+    if args.depth_stress:
+        if args.layers is not None:
+            p.error("--depth-stress sets the layers from --depths: drop --layers")
+        for name, value in DEPTH_SIZE.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+    if args.jobs < 1:
+        p.error("--jobs must be at least 1")
+    if not args.seeds:
+        p.error("--seeds: give at least one seed")
+    if args.no_fp16 and args.device != "cuda":
+        p.error("--no-fp16 only applies to --device cuda")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
+    from realformer_nmt.errors import RealFormerError
+    from realformer_nmt.experiments import compare
+
+    def log(message):
+        print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+    try:
+        recipe = compare.Recipe(
+            size=args.size, layers=args.layers, embed_dim=args.embed_dim, ffn_dim=args.ffn_dim, heads=args.heads,
+            lr=args.lr, warmup_updates=args.warmup_updates, max_update=args.max_update,
+            max_minutes=args.max_minutes, max_tokens=args.max_tokens, dropout=args.dropout,
+            weight_decay=args.weight_decay, label_smoothing=args.label_smoothing, clip_norm=args.clip_norm,
+            validate_interval_updates=args.validate_interval_updates, device=args.device,
+            fp16=False if args.no_fp16 else None, select_by_bleu=args.select_by_bleu, beam=args.beam,
+            log_interval=args.log_interval,
+            extra=shlex.split(args.train_args))
+        common = dict(seeds=args.seeds, residual_mode=args.residual_attention_mode,
+                      references=args.references, results_path=args.results, machine_note=args.machine_note,
+                      threads=args.threads, log=log, title=args.title, jobs=args.jobs)
+        if args.lr_sweep:
+            summary = compare.lr_sweep(args.data, args.out, recipe, args.lrs, normal_lr=args.normal_lr,
+                                       margin=args.divergence_margin, backbones=args.backbones, **common)
+            print(compare.sweep_markdown(summary))
+        elif args.depth_stress:
+            summary = compare.depth_stress(args.data, args.out, recipe, depths=args.depths,
+                                           backbones=args.backbones, margin=args.divergence_margin, **common)
+            print(compare.depth_markdown(summary))
+        elif args.path_ablation:
+            summary = compare.path_ablation(args.data, args.out, recipe, bootstrap_samples=args.bootstrap_samples,
+                                            **common)
+            print(compare.ablation_markdown(summary))
+        else:
+            summary = compare.compare(args.data, args.out, recipe, backbones=args.backbones,
+                                      bootstrap_samples=args.bootstrap_samples, **common)
+            print(compare.comparison_markdown(summary))
+    except RealFormerError as exc:
+        print(f"compare_backbones.py: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
