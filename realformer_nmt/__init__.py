@@ -10,18 +10,20 @@ registered models), ``fairseq_patches/``, ``data/`` (corpus preparation) and
 ``experiments/`` (benchmarks and comparisons, fronted by ``scripts/``).
 """
 
+from ._import_logging import root_logging_unchanged
 from .errors import install_excepthook
 
 install_excepthook()
 
-from . import fairseq_patches  # noqa: E402
-from . import residual_config  # noqa: E402
+with root_logging_unchanged():  # fairseq's imports configure the root logger (see _import_logging)
+    from . import fairseq_patches  # noqa: E402
+    from . import residual_config  # noqa: E402
 
-fairseq_patches.install_all()
-if residual_config.tag_checkpoint not in fairseq_patches.safe_checkpoint_loading.AFTER_LOAD_HOOKS:
-    fairseq_patches.safe_checkpoint_loading.AFTER_LOAD_HOOKS.append(residual_config.tag_checkpoint)
+    fairseq_patches.install_all()
+    if residual_config.tag_checkpoint not in fairseq_patches.safe_checkpoint_loading.AFTER_LOAD_HOOKS:
+        fairseq_patches.safe_checkpoint_loading.AFTER_LOAD_HOOKS.append(residual_config.tag_checkpoint)
 
-from . import models  # noqa: E402,F401  (registers the models and architectures)
-from . import criterions, tasks  # noqa: E402,F401  (registers the pre-training objectives)
+    from . import models  # noqa: E402,F401  (registers the models and architectures)
+    from . import criterions, tasks  # noqa: E402,F401  (registers the pre-training objectives)
 
 __version__ = "0.1.0"

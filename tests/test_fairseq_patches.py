@@ -107,3 +107,24 @@ def test_batch_buckets_under_numpy_2():
     ds = LanguagePairDataset(src, np.array([3, 6]), d, tgt=src, tgt_sizes=np.array([3, 6]), tgt_dict=d,
                              num_buckets=2)
     assert len(ds.buckets) >= 1 and all(n >= 3 for _, n in ds.buckets)
+
+
+def test_importing_the_plugin_leaves_root_logging_alone():
+    """fairseq's imports call logging.basicConfig (DEBUG, INFO) and print INFO lines; a program
+    that only imports realformer_nmt gets neither, and one that configured logging keeps it."""
+    import subprocess
+    import sys
+
+    code = ("import logging, realformer_nmt; root = logging.getLogger(); "
+            "print(len(root.handlers), logging.getLevelName(root.level))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "WARNING"] and proc.stderr == "", (proc.stdout, proc.stderr)
+    configured = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
+                  "import realformer_nmt; root = logging.getLogger(); "
+                  "print(len(root.handlers), logging.getLevelName(root.level))")
+    proc = subprocess.run([sys.executable, "-c", configured], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.stdout.strip().splitlines()[-1] == "1 INFO", proc.stdout
+    assert "Please install tensorboardX" in proc.stdout  # fairseq's own INFO line, kept when asked for
