@@ -112,6 +112,7 @@ def test_batch_buckets_under_numpy_2():
 def test_importing_the_plugin_leaves_root_logging_alone():
     """fairseq's imports call logging.basicConfig (DEBUG, INFO) and print INFO lines; a program
     that only imports realformer_nmt gets neither, and one that configured logging keeps it."""
+    import os
     import subprocess
     import sys
 
