@@ -36,8 +36,8 @@ Fixes, each at one seam, no fairseq function copied, each logging one line when 
    the hub interface (``from_pretrained``, which calls ``prepare_for_inference_`` with
    the checkpoint's config) gives a float32 model even for a model trained with ``--bf16``.
 3. ``--fp16``/``--memory-efficient-fp16`` training on CPU raise a
-   :class:`~realformer_nmt.errors.ConfigError` saying to use ``--bf16``: right after a
-   training command line is parsed (before ``--save-dir`` is created), and again in the
+   :class:`~realformer_nmt.errors.ConfigError` saying to use ``--bf16``: right after
+   fairseq-train parses its command line (before ``--save-dir`` is created), and again in the
    wrapped ``Trainer.__init__`` (a Trainer built by other code). (Decoding with
    ``--fp16 --cpu`` works and is left alone.)
 
@@ -96,7 +96,8 @@ def bf16_without_tpu(parse_args_and_arch):
             logger.info("--bf16 without a TPU (%s): bfloat16 through fairseq's FP16Optimizer on this device; "
                         "fairseq 0.12 alone would turn --bf16 into --tpu (realformer_nmt.fairseq_patches.cpu_bf16)",
                         "--cpu" if getattr(parsed, "cpu", False) else "no TPU library installed")
-        refuse_fp16_training_on_cpu(parsed)
+        if input_args is None:  # a command line being run (sys.argv), not a parse by library code
+            refuse_fp16_training_on_cpu(parsed)
         return result
 
     setattr(wrapper, _FIXED, True)
@@ -145,9 +146,10 @@ def trains_on_cpu(common) -> bool:
 
 def refuse_fp16_training_on_cpu(parsed):
     """A training command line (it has --max-update and --save-dir) with --fp16 on CPU is
-    refused right after parsing, before fairseq-train creates --save-dir (decoding with
-    ``--fp16 --cpu`` works and is left alone); ``Trainer.__init__`` checks again for
-    callers that build a Trainer without this parser."""
+    refused right after fairseq-train parses ``sys.argv``, before it creates --save-dir
+    (decoding with ``--fp16 --cpu`` works and is left alone; library code that parses a GPU
+    command on a CPU machine, e.g. to check a document, is not refused). ``Trainer.__init__``
+    checks again for callers that build a Trainer without this parser."""
     if not all(hasattr(parsed, name) for name in ("max_update", "save_dir", "fp16", "cpu", "tpu")):
         return
     if (parsed.fp16 or getattr(parsed, "memory_efficient_fp16", False)) and trains_on_cpu(parsed):
