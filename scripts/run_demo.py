@@ -225,10 +225,6 @@ def checkpoint_progress(path):
     return int(history[-1].get("num_updates", 0)), float(extra.get("previous_training_time", 0.0))
 
 
-def minutes(seconds):
-    return f"{seconds / 60:.1f}" if seconds < 600 else f"{seconds / 60:.0f}"
-
-
 def train(args, out_dir):
     """Train, resuming when the last run with these settings was stopped early; returns
     ``(seconds, lines of this run, state)`` where ``state`` (also --save-dir/demo_state.json)
