@@ -20,7 +20,14 @@ that the safe way:
   unpickling makes the load fail instead);
   config strings that fairseq would ``eval()`` are checked for code; and a refused or
   unreadable file becomes one clear sentence (``UnsafeCheckpointError`` or
-  ``CheckpointFileError``) instead of torch's long message.
+  ``CheckpointFileError``) instead of torch's long message (torch's reason is quoted to
+  the end of its first sentence; an unreadable ``checkpoint_last.pt`` names the checkpoint
+  of the same folder to ``--restore-file`` instead);
+* ``load_model_ensemble_and_task`` and ``Trainer.load_checkpoint`` turn torch's
+  ``size mismatch`` (tens of lines, re-raised by the trainer as "Cannot load model
+  parameters") into one sentence: the checkpoint's and the data's dictionary sizes when an
+  embedding differs (the checkpoint was trained on other data), else the first parameter
+  whose shape differs.
 
 Nothing here ever turns weights-only loading off.
 
