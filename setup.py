@@ -13,6 +13,7 @@ PACKAGED_KERNEL_RULE = os.path.join("realformer_nmt", "modules", "kernel_rule.js
 COMMANDS = {
     "realformer-prepare-data": "prepare_data:main",
     "realformer-prepare-pretraining-data": "prepare_pretraining_data:main",
+    "realformer-prepare-finetune-data": "prepare_finetune_data:main",
     "realformer-convert-google-checkpoint": "convert_google_checkpoint:main",
     "realformer-export-hf": "export_hf:main",
     "realformer-compare-backbones": "compare_backbones:main",

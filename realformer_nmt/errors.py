@@ -16,6 +16,13 @@ class ConfigError(RealFormerError, ValueError):
     """A flag or configuration value that cannot build a correct model."""
 
 
+class FlagValueError(RealFormerError):
+    """A plugin flag's value that argparse cannot accept. Raised from the flag's ``type``
+    function and deliberately not a ``ValueError``: argparse would catch that and print the
+    host tool's whole usage (about 175 lines for fairseq-train) before its one-line error;
+    this one reaches the hook below and is the only line printed (exit status 1)."""
+
+
 class UnsafeCheckpointError(RealFormerError):
     """A checkpoint that holds objects fairseq checkpoints never contain."""
 

@@ -8,7 +8,7 @@ import argparse
 import logging
 from typing import FrozenSet, NamedTuple, Optional
 
-from .errors import ConfigError
+from .errors import ConfigError, FlagValueError
 from .modules.residual_attention import KERNELS, RESIDUAL_MODES
 
 PATHS = ("encoder", "decoder", "cross")
@@ -151,12 +151,15 @@ def default_paths(args) -> str:
 
 
 def _argparse_type(parse, canonical=lambda v: v):
+    """argparse ``type`` for a plugin flag: a bad value raises ``FlagValueError``, which
+    argparse lets through, so the CLI prints one line naming the flag (``errors``) instead
+    of fairseq's full usage followed by argparse's error."""
     def convert(value):
         try:
             return canonical(parse(value))
         except ConfigError as e:
-            # argparse prefixes the flag name itself.
-            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from e
+            raise FlagValueError(str(e)) from None
+    convert.__name__ = parse.__name__
     return convert
 
 
@@ -181,13 +184,13 @@ def add_args(parser, available=PATHS):
              "Default: every path the model has",
     )
     group.add_argument(
-        MODE_FLAG, choices=RESIDUAL_MODES,
+        MODE_FLAG, choices=RESIDUAL_MODES, type=_argparse_type(parse_mode),
         help="sum: softmax over the running sum of scores (the paper's default); "
              "mean: over the running mean, sum / number of terms in it (the paper's option for "
              "deep stacks). Default: sum",
     )
     group.add_argument(
-        KERNEL_FLAG, choices=KERNELS,
+        KERNEL_FLAG, choices=KERNELS, type=_argparse_type(parse_kernel),
         help="how residual attention is computed (all compute the same function): "
              "materialized (B x H x T x S float32 scores passed between layers, explicit softmax), "
              "bias (the previous layers' float32 sum enters PyTorch's scaled_dot_product_attention "

@@ -317,7 +317,7 @@ def check_fairseq_args(tool, args):
     from fairseq import options
 
     from realformer_nmt import residual_config
-    from realformer_nmt.errors import ConfigError
+    from realformer_nmt.errors import RealFormerError
 
     parsers = {
         "fairseq-train": options.get_training_parser,
@@ -340,7 +340,7 @@ def check_fairseq_args(tool, args):
             residual_config.resolve(parsed, available)
     except ArgumentRefused as exc:
         return str(exc)
-    except ConfigError as exc:
+    except RealFormerError as exc:  # ConfigError, and FlagValueError raised while parsing
         return str(exc)
     except SystemExit as exc:
         return f"exit {exc.code}"
@@ -553,3 +553,92 @@ def test_slug_follows_githubs_rule():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# --------------------------------------------------------------------------------------
+# What a new user reads first (issue 24): the demo on a slow machine, the CPU quick start,
+# the two RealFormer figures of the results, the test times
+# --------------------------------------------------------------------------------------
+
+def section(page, heading):
+    text = (REPO / page).read_text(encoding="utf-8")
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else len(text)]
+
+
+def fairseq_namespace(tool, words):
+    from fairseq import options
+
+    import realformer_nmt  # noqa: F401
+
+    parser = {"fairseq-train": options.get_training_parser,
+              "fairseq-generate": options.get_generation_parser}[tool]()
+    return vars(options.parse_args_and_arch(parser, [str(w) for w in words]))
+
+
+def test_readme_demo_paragraph_says_what_a_slow_machine_gets():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        demo = load_script("run_demo")
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    text = " ".join(section("README.md", "Two commands on a fresh machine").split())
+    defaults = demo.parse_args([])
+    assert f"{defaults.max_minutes:g}-minute training cap (`--max-minutes`" in text
+    assert f"`TRAINING STOPPED EARLY: <n> of {defaults.max_update} updates" in text
+    assert "TRAINING STOPPED EARLY: {report['num_updates']} of {report['max_update']} updates" in \
+        (REPO / "scripts" / "run_demo.py").read_text(encoding="utf-8")
+    assert f"exits with status {demo.EXIT_STOPPED_EARLY}" in text
+    assert '"stopped_early": true' in text and "continues from `checkpoint_last.pt`" in text
+
+
+def test_readme_multi30k_quick_start_is_the_cpu_recipe_of_the_results(monkeypatch):
+    """The quick start's fairseq-train is the realformer run of results/multi30k_en_de.json
+    (same parsed configuration, paths aside), and its fairseq-generate bounds the output as
+    the harness does."""
+    monkeypatch.chdir(REPO)
+    import json
+
+    recipe = json.loads((REPO / "results" / "multi30k_en_de.json").read_text(encoding="utf-8"))["recipe"]
+    blocks, _ = split_markdown(section("README.md", "Quick start: translation"))
+    found = {words[0]: words for lang, _, code in blocks if lang == "bash"
+             for words, _ in commands(code) if words and words[0] in ("fairseq-train", "fairseq-generate")}
+    readme = fairseq_namespace("fairseq-train", found["fairseq-train"][1:])
+    results = fairseq_namespace("fairseq-train", [recipe["data"], *recipe["shared_train_flags"],
+                                                  *recipe["backbone_flags"]["realformer"], "--seed", "1",
+                                                  "--user-dir", "realformer_nmt"])
+    differ = {k: (readme.get(k), results.get(k)) for k in set(readme) | set(results)
+              if k not in ("save_dir", "log_format", "log_interval") and readme.get(k) != results.get(k)}
+    assert not differ, f"README's CPU command differs from the results' recipe: {differ}"
+    generate = found["fairseq-generate"]
+    flags = recipe["generate_flags"]
+    for flag in ("--max-len-a", "--max-len-b", "--beam", "--remove-bpe"):
+        assert generate[generate.index(flag) + 1] == flags[flags.index(flag) + 1], flag
+
+
+def mean_sd(values):
+    import statistics
+
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def test_readme_explains_the_two_realformer_figures():
+    import json
+
+    main = json.loads((REPO / "results" / "multi30k_en_de.json").read_text(encoding="utf-8"))
+    ablation = json.loads((REPO / "results" / "path_ablation.json").read_text(encoding="utf-8"))
+    three, two = main["realformer"]["bleu_per_seed"], ablation["all"]["bleu_per_seed"]
+    assert main["recipe"]["seeds"] == [1, 2, 3] and ablation["recipe"]["seeds"] == [1, 2]
+    assert two == three[:2]  # the ablation's "all three" row reuses the main table's runs
+    text = " ".join(section("README.md", "Results").split())
+    caption = next(line for line in text.split("|") if "**Path ablation**" in line)
+    assert f"{mean_sd(two)} here and {mean_sd(three)} over seeds 1-3 above" in caption
+    assert "first two seeds" in caption and "the same runs" in caption
+
+
+def test_development_guide_gives_idle_test_times_and_says_load_multiplies_them():
+    text = " ".join(section("docs/development.md", "Running the tests").split())
+    assert "about 11 minutes on 2 idle CPU cores" in text and "702 passed in 10:58" in text
+    assert "**load multiplies them**" in text
+    assert "a few minutes" not in text and "about 20 minutes" not in text

@@ -35,9 +35,11 @@ Fixes, each at one seam, no fairseq function copied, each logging one line when 
    casts it to half for ``--fp16``. A checkpoint's stored training config never casts:
    the hub interface (``from_pretrained``, which calls ``prepare_for_inference_`` with
    the checkpoint's config) gives a float32 model even for a model trained with ``--bf16``.
-3. ``Trainer.__init__`` is wrapped: ``--fp16``/``--memory-efficient-fp16`` on CPU raise
-   a :class:`~realformer_nmt.errors.ConfigError` before anything is built, saying to use
-   ``--bf16``. (Decoding with ``--fp16 --cpu`` works and is left alone.)
+3. ``--fp16``/``--memory-efficient-fp16`` training on CPU raise a
+   :class:`~realformer_nmt.errors.ConfigError` saying to use ``--bf16``: right after
+   fairseq-train parses its command line (before ``--save-dir`` is created), and again in the
+   wrapped ``Trainer.__init__`` (a Trainer built by other code). (Decoding with
+   ``--fp16 --cpu`` works and is left alone.)
 
 When it is no longer needed (how to tell): with the wrappers removed (``uninstall()``),
 ``options.parse_args_and_arch`` leaves ``tpu`` off for ``--cpu --bf16``,
@@ -94,6 +96,8 @@ def bf16_without_tpu(parse_args_and_arch):
             logger.info("--bf16 without a TPU (%s): bfloat16 through fairseq's FP16Optimizer on this device; "
                         "fairseq 0.12 alone would turn --bf16 into --tpu (realformer_nmt.fairseq_patches.cpu_bf16)",
                         "--cpu" if getattr(parsed, "cpu", False) else "no TPU library installed")
+        if input_args is None:  # a command line being run (sys.argv), not a parse by library code
+            refuse_fp16_training_on_cpu(parsed)
         return result
 
     setattr(wrapper, _FIXED, True)
@@ -138,6 +142,18 @@ def bf16_for_inference(prepare_for_inference_):
 def trains_on_cpu(common) -> bool:
     """Where fairseq's Trainer puts the model (its own rule: CUDA unless --cpu/--tpu)."""
     return not common.tpu and (common.cpu or not torch.cuda.is_available())
+
+
+def refuse_fp16_training_on_cpu(parsed):
+    """A training command line (it has --max-update and --save-dir) with --fp16 on CPU is
+    refused right after fairseq-train parses ``sys.argv``, before it creates --save-dir
+    (decoding with ``--fp16 --cpu`` works and is left alone; library code that parses a GPU
+    command on a CPU machine, e.g. to check a document, is not refused). ``Trainer.__init__``
+    checks again for callers that build a Trainer without this parser."""
+    if not all(hasattr(parsed, name) for name in ("max_update", "save_dir", "fp16", "cpu", "tpu")):
+        return
+    if (parsed.fp16 or getattr(parsed, "memory_efficient_fp16", False)) and trains_on_cpu(parsed):
+        raise ConfigError(FP16_ON_CPU)
 
 
 def no_fp16_on_cpu(init):

@@ -20,7 +20,14 @@ that the safe way:
   unpickling makes the load fail instead);
   config strings that fairseq would ``eval()`` are checked for code; and a refused or
   unreadable file becomes one clear sentence (``UnsafeCheckpointError`` or
-  ``CheckpointFileError``) instead of torch's long message.
+  ``CheckpointFileError``) instead of torch's long message (torch's reason is quoted to
+  the end of its first sentence; an unreadable ``checkpoint_last.pt`` names the checkpoint
+  of the same folder to ``--restore-file`` instead);
+* ``load_model_ensemble_and_task`` and ``Trainer.load_checkpoint`` turn torch's
+  ``size mismatch`` (tens of lines, re-raised by the trainer as "Cannot load model
+  parameters") into one sentence: the checkpoint's and the data's dictionary sizes when an
+  embedding differs (the checkpoint was trained on other data), else the first parameter
+  whose shape differs.
 
 Nothing here ever turns weights-only loading off.
 
@@ -420,9 +427,79 @@ def _file_error(path, exc):
         # unpickler messages are long and advise unsafe loading, so they are left out
         detailed = (OSError, RuntimeError, TypeError, AttributeError, ValueError, IndexError)
         if isinstance(exc, detailed) and not isinstance(exc, pickle.UnpicklingError):
-            detail = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
+            detail = _first_sentence(str(exc))
             reason += f" ({type(exc).__name__}: {detail})" if detail else ""
-    return CheckpointFileError(f"cannot read checkpoint {path}: {reason}")
+    return CheckpointFileError(f"cannot read checkpoint {path}: {reason}{_recovery_hint(path)}")
+
+
+def _first_sentence(text, limit=120):
+    """The first sentence of ``text``'s first line, cut at a word boundary to ``limit``."""
+    lines = text.strip().splitlines()
+    sentence = re.split(r"(?<=[.!?])\s", lines[0].strip(), maxsplit=1)[0].rstrip(".") if lines else ""
+    if len(sentence) > limit:
+        sentence = sentence[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " ..."
+    return sentence
+
+
+def _recovery_hint(path):
+    """For an unreadable ``checkpoint_last.pt`` (training interrupted while writing it):
+    which checkpoint in the same folder to resume from instead."""
+    path = str(path)
+    if os.path.basename(path) != "checkpoint_last.pt":
+        return ""
+    folder = os.path.dirname(path)
+    try:
+        names = os.listdir(folder or ".")
+    except OSError:
+        return ""
+    epochs = [n for n in names if re.fullmatch(r"checkpoint\d+(_\d+)?\.pt", n)]
+    epochs.sort(key=lambda n: os.path.getmtime(os.path.join(folder, n)), reverse=True)
+    candidates = epochs[:1] + (["checkpoint_best.pt"] if "checkpoint_best.pt" in names else [])
+    if not candidates:
+        return ("; no other checkpoint in that folder to resume from: delete it to train "
+                "from scratch")
+    choices = " or ".join(os.path.join(folder, n) for n in candidates)
+    return (f"; to resume, pass fairseq-train --restore-file {choices} "
+            "(or delete it to train from scratch)")
+
+
+_SIZE_MISMATCH = re.compile(
+    r"size mismatch for (\S+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) from "
+    r"checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)"
+)
+
+
+def _size_mismatch_error(path, exc, data=None):
+    """A one-line error for a checkpoint whose parameters do not fit the model (above all:
+    a dictionary of another size), or None when ``exc`` (and what it wraps) is not that."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        found = _SIZE_MISMATCH.findall(str(exc)) if isinstance(exc, RuntimeError) else []
+        if found:
+            break
+        exc = exc.__cause__ or exc.__context__
+    else:
+        return None
+    data = f" ({data})" if data else ""
+    for name, saved, here in found:
+        if "embed_tokens" in name or "output_projection" in name:
+            saved_rows, here_rows = saved.split(",")[0].strip(), here.split(",")[0].strip()
+            return CheckpointFileError(
+                f"checkpoint {path} does not fit this data{data}: its dictionary has {saved_rows} "
+                f"entries ({name}), the data's dictionary has {here_rows}; the checkpoint was "
+                "trained on other data (another corpus, vocabulary or BPE): use the data-bin it "
+                "was trained with"
+            )
+    name, saved, here = found[0]
+    return CheckpointFileError(
+        f"checkpoint {path} does not fit the model built here: {name} has shape [{saved}] "
+        f"in the checkpoint and [{here}] here (other architecture or size flags)"
+    )
+
+
+def _task_data(task):
+    return getattr(getattr(task, "cfg", None), "data", None) or getattr(getattr(task, "args", None), "data", None)
 
 
 # --------------------------------------------------------------------------------------
@@ -627,9 +704,36 @@ def _make_safe_ensemble_loader(original):
                     f"cannot read checkpoint {missing}: no such file"
                 ) from exc
             raise
+        except RuntimeError as exc:
+            paths = filenames if isinstance(filenames, (list, tuple)) else [filenames]
+            task = kwargs.get("task", args[1] if len(args) > 1 else None)
+            error = _size_mismatch_error(",".join(map(str, paths)), exc, _task_data(task))
+            if error is None:
+                raise
+            raise error from exc
 
     load_model_ensemble_and_task.__realformer_safe__ = True
     return load_model_ensemble_and_task
+
+
+def _make_trainer_loader(original):
+    """fairseq-train --restore-file / --finetune-from-model / a resume: parameters that do
+    not fit (fairseq re-raises them as "Cannot load model parameters ...") in one line."""
+
+    @functools.wraps(original)
+    def load_checkpoint(self, filename, *args, **kwargs):
+        try:
+            return original(self, filename, *args, **kwargs)
+        except RealFormerError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - fairseq raises a bare Exception here
+            error = _size_mismatch_error(filename, exc, _task_data(getattr(self, "task", None)))
+            if error is None:
+                raise
+            raise error from exc
+
+    load_checkpoint.__realformer_safe__ = True
+    return load_checkpoint
 
 
 def install_safe_checkpoint_loading():
@@ -644,6 +748,10 @@ def install_safe_checkpoint_loading():
         current = getattr(checkpoint_utils, name)
         if not getattr(current, "__realformer_safe__", False):
             setattr(checkpoint_utils, name, make(current))
+    from fairseq.trainer import Trainer
+
+    if not getattr(Trainer.load_checkpoint, "__realformer_safe__", False):
+        Trainer.load_checkpoint = _make_trainer_loader(Trainer.load_checkpoint)
 
 
 def safe_load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
