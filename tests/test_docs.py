@@ -578,17 +578,15 @@ def fairseq_namespace(tool, words):
 
 
 def test_readme_demo_paragraph_says_what_a_slow_machine_gets():
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        demo = load_script("run_demo")
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    import importlib
+
+    demo = importlib.import_module("realformer_nmt.cli.run_demo")  # what scripts/run_demo.py runs
     text = " ".join(section("README.md", "Two commands on a fresh machine").split())
     defaults = demo.parse_args([])
     assert f"{defaults.max_minutes:g}-minute training cap (`--max-minutes`" in text
     assert f"`TRAINING STOPPED EARLY: <n> of {defaults.max_update} updates" in text
     assert "TRAINING STOPPED EARLY: {report['num_updates']} of {report['max_update']} updates" in \
-        (REPO / "scripts" / "run_demo.py").read_text(encoding="utf-8")
+        (REPO / "realformer_nmt" / "cli" / "run_demo.py").read_text(encoding="utf-8")
     assert f"exits with status {demo.EXIT_STOPPED_EARLY}" in text
     assert '"stopped_early": true' in text and "continues from `checkpoint_last.pt`" in text
 
