@@ -25,8 +25,8 @@ else:
 
 from bert_helpers import prepared_wikitext2, pretrained_nsp  # noqa: E402
 from conftest import REPO, cli_env, trains  # noqa: E402
+from fairseq.data.encoders.sentencepiece_bpe import SentencepieceBPE, SentencepieceConfig  # noqa: E402
 from test_google_checkpoint import (  # noqa: E402
-    CKPT,
     VOCAB,
     batch,
     copy_fixture,
@@ -43,8 +43,6 @@ from transformers import (  # noqa: E402
     AutoTokenizer,
     pipeline,
 )
-
-from fairseq.data.encoders.sentencepiece_bpe import SentencepieceBPE, SentencepieceConfig  # noqa: E402
 
 from realformer_nmt.data.wordpiece import WordPieceTokenizer  # noqa: E402
 from realformer_nmt.models.realformer_bert import google_checkpoint as gc  # noqa: E402
@@ -269,19 +267,21 @@ def test_sequence_classification_fine_tunes_saves_and_reloads(google, tmp_path):
 
 
 def test_a_translation_checkpoint_is_refused_in_one_line(tmp_path):
+    """A realformer_transformer checkpoint as fairseq-train writes it (config + weights)."""
+    from conftest import build
+    from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from omegaconf import OmegaConf
 
-    from conftest import build
-
-    model = build("realformer_transformer")
-    cfg = convert_namespace_to_omegaconf(model.args) if hasattr(model, "args") and model.args else None
-    config = OmegaConf.to_container(cfg, resolve=True) if cfg is not None else {
-        "model": {"_name": "realformer_transformer"}, "task": {"_name": "translation"}}
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [str(tmp_path), "--task", "translation", "--arch",
+                                                "realformer_transformer", "--user-dir", str(REPO / "realformer_nmt")])
+    config = OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
     path = tmp_path / "checkpoint_last.pt"
-    torch.save({"args": None, "cfg": config, "model": model.state_dict(), "optimizer_history": [
-        {"criterion_name": "CrossEntropyCriterion", "optimizer_name": "none", "lr_scheduler_state": {},
-         "num_updates": 0}], "extra_state": {}, "last_optimizer_state": None}, path)
+    torch.save({"args": None, "cfg": config, "model": build("realformer_transformer").state_dict(),
+                "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "none",
+                                       "lr_scheduler_state": {}, "num_updates": 0}],
+                "extra_state": {}, "last_optimizer_state": None}, path)
     proc = export_cli(path, "--out", tmp_path / "hf", check=False)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

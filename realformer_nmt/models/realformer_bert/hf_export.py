@@ -304,7 +304,10 @@ def sentencepiece_tokenizer(spm_model: str, dictionary, bert_pairs: bool, max_le
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import import_protobuf
 
-    model_pb2 = import_protobuf()
+    try:
+        model_pb2 = import_protobuf()
+    except ImportError as e:
+        raise ConfigError(f"reading {spm_model} needs protobuf (pip install -e '.[hf]'): {e}") from None
     proto = model_pb2.ModelProto()
     with open(spm_model, "rb") as f:
         proto.ParseFromString(f.read())
@@ -397,8 +400,8 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, sentencepi
            log: Callable[[str], None] = logger.info) -> dict:
     """Write the Hugging Face folder ``out_dir``; returns a summary (also ``export.json``)."""
     configuration, modeling = _import_hf()
-    log(f"[1/4] loading {checkpoint}")
     hub, folder, data_dir = load_hub(checkpoint, data)
+    log(f"[1/4] loaded {checkpoint} (dictionary: {os.path.join(data_dir, 'dict.txt')})")
     model, dictionary = hub.model, hub.task.source_dictionary
     values = hf_config_values(model)
     max_length = values["max_position_embeddings"] - (

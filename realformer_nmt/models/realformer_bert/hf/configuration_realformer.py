@@ -61,7 +61,8 @@ class RealFormerConfig(PretrainedConfig):
         if residual_attention_mode not in ("sum", "mean"):
             raise ValueError(f"residual_attention_mode must be 'sum' or 'mean', not {residual_attention_mode!r}")
         if hidden_size % num_attention_heads:
-            raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads}")
+            raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_attention_heads "
+                             f"{num_attention_heads}")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers

@@ -55,7 +55,9 @@ class RealFormerEmbeddings(nn.Module):
         self.token_type_embeddings = (
             nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size > 0 else None
         )
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.embedding_layer_norm else None
+        self.LayerNorm = (
+            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.embedding_layer_norm else None
+        )
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def position_ids(self, input_ids, length, device):
