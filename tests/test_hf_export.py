@@ -11,6 +11,7 @@ import ast
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -23,7 +24,7 @@ if os.environ.get("CI"):  # CI installs the test extra, which includes transform
 else:
     transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[hf]')")
 
-from bert_helpers import prepared_wikitext2, pretrained_nsp  # noqa: E402
+from bert_helpers import prepared_wikitext2  # noqa: E402
 from conftest import REPO, cli_env, trains  # noqa: E402
 from fairseq.data.encoders.sentencepiece_bpe import SentencepieceBPE, SentencepieceConfig  # noqa: E402
 from test_google_checkpoint import (  # noqa: E402
@@ -300,26 +301,47 @@ def test_missing_checkpoint_and_help_are_one_line_and_fast(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
+def spm_pieces_missing_from(data):
+    """SentencePiece pieces (not control/unknown) that ``data/dict.txt`` lacks."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
+    symbols = {line.split(" ")[0] for line in (data / "dict.txt").read_text(encoding="utf-8").splitlines()}
+    pieces = (sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i)))
+    return [p for p in pieces if p not in symbols and p != "<unk>"]
+
+
 @pytest.fixture(scope="module")
 @trains
 def pretrained_export(tmp_path_factory):
-    save, _ = pretrained_nsp(tmp_path_factory)
-    data = prepared_wikitext2(tmp_path_factory)
-    out = tmp_path_factory.mktemp("hf_pretrained") / "hf"
-    proc = export_cli(save / "checkpoint_last.pt", "--out", out, "--data", data)
-    summary = json.loads(proc.stdout)
-    return save / "checkpoint_last.pt", data, out, summary
+    """A 16-update masked_lm_nsp run of realformer_bert_small (tiny dims) on WikiText-2 whose
+    dict.txt also lists the SentencePiece pieces the train text never produced (appended:
+    the binarized ids stay as they are), exported by the command-line script."""
+    from bert_helpers import pretrain_flags
+    from cli_helpers import run
+
+    prepared = prepared_wikitext2(tmp_path_factory)
+    root = tmp_path_factory.mktemp("hf_pretrained")
+    data = root / "data"
+    shutil.copytree(prepared, data)
+    with open(data / "dict.txt", "a", encoding="utf-8") as f:
+        f.writelines(f"{p} 0\n" for p in spm_pieces_missing_from(data))
+    assert not spm_pieces_missing_from(data)
+    run("fairseq-train", *pretrain_flags(data, root / "ckpt"))
+    out = root / "hf"
+    proc = export_cli(root / "ckpt" / "checkpoint_last.pt", "--out", out, "--data", data)
+    return root / "ckpt" / "checkpoint_last.pt", data, out, json.loads(proc.stdout), prepared
 
 
 def test_pretrained_model_exported_equals_fairseq(pretrained_export):
-    checkpoint, data, folder, summary = pretrained_export
+    checkpoint, data, folder, summary, prepared = pretrained_export
     assert summary["tokenizer_texts_checked"] > 100  # the fixed samples + the valid split's sentences
     hub, _, _ = hf_export.load_hub(str(checkpoint), str(data))
     hub.bpe = SentencepieceBPE(SentencepieceConfig(sentencepiece_model=str(data / "spm.model")))
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     texts = ["The film was released in 2001 .", "It was a success in Europe and in the United States ."]
-    for text in texts:
-        assert tokenizer(text)["input_ids"] == hub.encode(text).tolist()
+    for text in texts + ["A <unk>s word , then  two   spaces"]:
+        assert tokenizer(text)["input_ids"] == hub.encode(text).tolist(), text
     pair = ("The film was released in 2001 .", "It was a success .")
     assert tokenizer(*pair)["input_ids"] == hub.encode(*pair).tolist()  # RoBERTa's <s> A </s> </s> B </s>
 
@@ -337,5 +359,19 @@ def test_pretrained_model_exported_equals_fairseq(pretrained_export):
     got = fill("The film was <mask> in 2001 .", top_k=2)
     assert got[0]["score"] == pytest.approx(expected[0][1], abs=ATOL)
     if expected[0][1] - expected[1][1] > 1e-4:  # a clear winner
-        assert got[0]["token"] == hub.task.source_dictionary.index(expected[0][2].strip()) or \
-            got[0]["token_str"].strip() == expected[0][2].strip()
+        assert got[0]["token_str"].strip() == expected[0][2].strip()
+
+
+def test_a_dictionary_missing_pieces_is_refused_in_one_line(pretrained_export):
+    """The prepared data's own dict.txt lacks pieces the train text never produced."""
+    from fairseq.data import Dictionary
+
+    from realformer_nmt.errors import ConfigError
+
+    prepared = pretrained_export[-1]
+    missing = spm_pieces_missing_from(prepared)
+    assert missing
+    with pytest.raises(ConfigError, match=f"lacks {len(missing)} of") as e:
+        hf_export.sentencepiece_tokenizer(str(prepared / "spm.model"), Dictionary.load(str(prepared / "dict.txt")),
+                                          False, 64)
+    assert "\n" not in str(e.value)

@@ -299,7 +299,7 @@ def sentencepiece_tokenizer(spm_model: str, dictionary, bert_pairs: bool, max_le
     ``<s> pieces </s>``; pairs as the hub lays them out). One-line error when the
     dictionary cannot be reproduced: a model type other than BPE or unigram, or a piece
     SentencePiece can produce that the dictionary lacks."""
-    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import BPE, Unigram
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import import_protobuf
@@ -322,7 +322,8 @@ def sentencepiece_tokenizer(spm_model: str, dictionary, bert_pairs: bool, max_le
     missing = [p for p, _ in normal if p not in index and p != "<unk>"]
     if missing:
         raise ConfigError(f"the dictionary lacks {len(missing)} of {spm_model}'s pieces (e.g. {missing[:3]}): "
-                          "fairseq maps them to <unk>, which no tokenizer over the pieces reproduces")
+                          "fairseq maps them to <unk>, which no tokenizer over the pieces reproduces "
+                          "(give every piece a dict.txt entry before binarizing and training)")
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     score = {p: s for p, s in normal}
     floor = min(score.values(), default=0.0) - 1e6
@@ -330,30 +331,41 @@ def sentencepiece_tokenizer(spm_model: str, dictionary, bert_pairs: bool, max_le
         vocab = [(s, score.get(s, floor)) for s in symbols]
         model = Unigram(vocab, unk_id=dictionary.unk(), byte_fallback=False)
     else:
-        from transformers.convert_slow_tokenizer import SentencePieceExtractor
+        from transformers.convert_slow_tokenizer import generate_merges
 
-        _, merges = SentencePieceExtractor(spm_model).extract(None)
-        merges = [tuple(m) for m in merges if m[0] in index and m[1] in index and m[0] + m[1] in index]
+        # SentencePiece's BPE merges in the order of its pieces (transformers' own conversion)
+        ranks = {p.piece: i for i, p in enumerate(proto.pieces) if p.type == 1}
+        merges = generate_merges(ranks)
+        # ignore_merges: a user-defined symbol (split off below) is one piece, never merged
         model = BPE({s: i for i, s in enumerate(symbols)}, merges, unk_token="<unk>", fuse_unk=True,
-                    byte_fallback=False)
+                    byte_fallback=False, ignore_merges=True)
     tok = Tokenizer(model)
     spec = proto.normalizer_spec
-    parts = []
-    if spec.precompiled_charsmap:
-        parts.append(normalizers.Precompiled(spec.precompiled_charsmap))
+    parts = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
     if spec.remove_extra_whitespaces:
-        parts += [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
+        parts.append(normalizers.Replace(Regex(" {2,}"), " "))
     if parts:
         tok.normalizer = normalizers.Sequence(parts)
-    prepend = "always" if spec.add_dummy_prefix else "never"
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=prepend, split=False)
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=prepend, split=False)
+    # "first": no word boundary after a special token ("<unk>s" -> <unk> s, as SentencePiece)
+    prepend = "first" if spec.add_dummy_prefix else "never"
+    split = bool(proto.trainer_spec.split_by_whitespace)
+    steps = [pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend, split=split)]
+    # SentencePiece's user-defined symbols (WikiText's literal "<unk>") are whole pieces wherever
+    # they stand, after the word-boundary mark: "<unk> a" -> "\u2581" "<unk>" "\u2581a"
+    user_defined = [p.piece for p in proto.pieces if p.type == 4]
+    steps += [pre_tokenizers.Split(u, behavior="isolated") for u in user_defined]
+    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend, split=split)
     bos, eos = ("<s>", dictionary.bos()), ("</s>", dictionary.eos())
     pair = "<s> $A:0 </s>:0 $B:1 </s>:1" if bert_pairs else "<s> $A </s> </s> $B </s>"
     tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", pair=pair, special_tokens=[bos, eos])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
-        pad_token="<pad>", unk_token="<unk>", mask_token="<mask>", model_max_length=max_length,
+        pad_token="<pad>", model_max_length=max_length,
+        # not an added token when "<unk>" is a user-defined piece: it must stay in the text for the split above
+        **({} if "<unk>" in user_defined else {"unk_token": "<unk>"}),
+        # lstrip: "was <mask> in" encodes as fairseq's fill_mask encodes it ("was" <mask> "\u2581in")
+        mask_token=AddedToken("<mask>", lstrip=True, rstrip=False, special=True, normalized=False),
         model_input_names=["input_ids", "token_type_ids", "attention_mask"] if bert_pairs
         else ["input_ids", "attention_mask"],
     )
