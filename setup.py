@@ -63,7 +63,10 @@ setup(
         "sacremoses>=0.2.0",
         "subword-nmt>=0.3.8",
     ],
-    extras_require={"test": ["pytest", "matplotlib", "ruff==0.17.6"], "plot": ["matplotlib"],
+    extras_require={"test": ["pytest", "matplotlib", "ruff==0.17.6", "transformers==5.24.0", "protobuf==7.36.2"],
+                    "plot": ["matplotlib"],
+                    # scripts/export_hf.py and the exported folders (AutoModel*.from_pretrained)
+                    "hf": ["transformers==5.24.0", "protobuf==7.36.2"],  # protobuf: reading spm.model
                     # optional: convert_google_checkpoint.py --reader tensorflow (TensorFlow's own reader)
                     "convert-tf": ["tensorflow-cpu"]},
 )
