@@ -91,6 +91,10 @@ def test_finish_command_names_make_demo_when_make_started_it(monkeypatch):
     monkeypatch.setenv("MAKELEVEL", "1")
     assert run_demo.finish_command(run_demo.parse_args([])) == "make demo"
     monkeypatch.delenv("MAKELEVEL")
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT)])  # run as scripts/run_demo.py
     words = shlex.split(run_demo.finish_command(args))
     assert os.path.samefile(words[1], SCRIPT)
     assert words[2:] == ["--max-minutes", "5", "--train-args", "--dropout 0.2"]
+    monkeypatch.setattr(sys, "argv", ["/somewhere/bin/realformer-demo"])  # the installed command
+    assert shlex.split(run_demo.finish_command(args)) == ["realformer-demo", "--max-minutes", "5", "--train-args",
+                                                          "--dropout 0.2"]

@@ -1,30 +1,66 @@
-"""Export a ``realformer_bert`` checkpoint (or a converted Google checkpoint) to a Hugging
-Face model folder: the console command ``realformer-export-hf``, the same as
-``scripts/export_hf.py`` (issue 26).
+#!/usr/bin/env python
+"""Export a fairseq realformer_bert checkpoint to a Hugging Face transformers folder.
 
-A thin front: the flags and the work live in
-``realformer_nmt.models.realformer_bert.hf_export.main(argv)``, imported only when the
-command runs (it imports fairseq and, for the export, ``transformers``: ``pip install
-'realformer-nmt[hf]'``).
+  python scripts/export_hf.py checkpoints/realformer_bert_small --out hf/realformer_bert_small
+
+CHECKPOINT: a checkpoint file (fairseq-train's checkpoint_*.pt) or a folder holding model.pt
+(what scripts/convert_google_checkpoint.py writes). --out receives config.json
+(model_type "realformer", auto_map), model.safetensors, the tokenizer files,
+configuration_realformer.py and modeling_realformer.py (torch + transformers only) and
+export.json (also printed); then, with nothing but transformers installed:
+
+  from transformers import AutoModelForMaskedLM, AutoTokenizer
+  model = AutoModelForMaskedLM.from_pretrained(OUT, trust_remote_code=True)
+  tokenizer = AutoTokenizer.from_pretrained(OUT)
+
+Needs transformers: pip install -e '.[hf]'. Re-running overwrites OUT's files.
 """
 
-import importlib
+import argparse
+import logging
 import os
 import sys
+import warnings
 
-from ._common import user_dir
+from ._common import emit_json
 
-MODULE = "realformer_nmt.models.realformer_bert.hf_export"
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint file, or a folder holding model.pt")
+    p.add_argument("--out", required=True, help="output folder (created)")
+    p.add_argument("--data", metavar="DIR",
+                   help="the data dir whose dict.txt the model uses (default: the checkpoint's folder, "
+                        "then the data dir recorded in the checkpoint)")
+    p.add_argument("--sentencepiece-model", metavar="FILE",
+                   help="SentencePiece model of a model pre-trained here (default: DATA/spm.model)")
+    return p.parse_args(argv)
+
+
+def fail(message):
+    print(f"export_hf.py: error: {message}", file=sys.stderr)
+    return 2
 
 
 def main(argv=None):
-    # TODO(lead, issue 26): hf_export (another branch) must expose ``main(argv=None)`` that
-    # parses the flags of scripts/export_hf.py and returns an exit status; this front and
-    # scripts/export_hf.py then both call it. Until it is merged the command says so in one line.
-    if not os.path.isfile(os.path.join(user_dir(), *MODULE.split(".")[1:]) + ".py"):
-        print(f"realformer-export-hf: error: this install has no {MODULE} (the Hugging Face export)", file=sys.stderr)
-        return 1
-    return importlib.import_module(MODULE).main(argv)
+    args = parse_args(argv)
+    if not os.path.exists(args.checkpoint):  # before the slow import of fairseq
+        return fail(f"{args.checkpoint}: no such file or folder")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        return fail(f"--out {args.out} exists and is not a folder")
+    logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
+    warnings.filterwarnings("ignore", message=r"(?s).*(hydra|Hydra|ConfigStore|version_base|package header)")
+    from realformer_nmt.errors import RealFormerError
+    from realformer_nmt.models.realformer_bert import hf_export
+
+    try:
+        summary = hf_export.export(args.checkpoint, args.out, data=args.data,
+                                   sentencepiece_model=args.sentencepiece_model,
+                                   log=lambda m: print(m, file=sys.stderr, flush=True))
+    except RealFormerError as e:
+        return fail(str(e))
+    emit_json(summary)
+    return 0
 
 
 if __name__ == "__main__":

@@ -286,7 +286,10 @@ def finish_command(args):
     words = [w for w in args.argv if w != "--fresh"]
     if os.environ.get("MAKELEVEL"):  # started by `make demo`
         return "make demo" + (f" DEMO_ARGS={shlex.quote(shlex.join(words))}" if words else "")
-    python, script = (os.path.relpath(p) for p in (sys.executable, os.path.abspath(__file__)))
+    started = sys.argv[0] if sys.argv and sys.argv[0] else "realformer-demo"
+    if not started.endswith(".py"):  # the installed console command
+        return shlex.join([os.path.basename(started), *words])
+    python, script = (os.path.relpath(p) for p in (sys.executable, os.path.abspath(started)))
     return shlex.join([sys.executable if python.startswith("..") else python, script, *words])
 
 
