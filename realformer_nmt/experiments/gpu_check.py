@@ -758,7 +758,7 @@ def _fmt(x, digits=2):
 def speed_targets(speed: Optional[dict]):
     """The issue's speed targets on the fp16 benchmark: ``bias`` (or ``auto``) train tok/s
     >= 0.90x vanilla and peak memory <= 1.15x at T = 512; >= 0.95x and <= 1.05x at T = 128."""
-    bounds = {512: (0.90, 1.15), 128: (0.95, 1.05)}
+    bounds = SPEED_TARGETS
     rows = []
     for config in (speed or {}).get("configs", []):
         if config["length"] not in bounds:
