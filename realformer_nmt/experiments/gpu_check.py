@@ -1,7 +1,7 @@
 """Everything a GPU must prove, in steps that each fit a short GPU lease.
 
     python -m realformer_nmt.experiments.gpu_check [--steps tests,train,ddp,speed] [--out results/gpu]
-    python -m realformer_nmt.experiments.gpu_check --quick [--out results/gpu]   # first: ~7 minutes
+    python -m realformer_nmt.experiments.gpu_check --quick [--out results/gpu]   # first (sized for 7 minutes)
     python -m realformer_nmt.experiments.gpu_check --dry-run      # CPU, toy sizes (CI)
     python -m realformer_nmt.experiments.gpu_check --quick --dry-run
 
@@ -20,9 +20,9 @@ Steps (each writes ``<out>/<step>.json``; ``<out>/summary.md`` is rewritten afte
   kernel; T = 128, 512, 1024; base and big), and ``scripts/benchmark_kernels.py``, which
   writes ``<out>/kernel_rule.json`` (the rule ``auto`` applies on CUDA).
 
-``--quick`` (run it first): one command that answers the main questions in under 7
-minutes on one H100 and writes ``<out>/quick.json`` and ``<out>/summary.md`` (small
-enough to copy back from a remote machine):
+``--quick`` (run it first): one command that answers the main questions, sized for under
+7 minutes on one H100 (not yet timed on a GPU), and writes ``<out>/quick.json`` and
+``<out>/summary.md`` (small enough to copy back from a remote machine):
 
 * exactness, float32: a 6+6 model with every path on, sum and mean, each kernel (``bias``,
   ``fused``, ``auto``) against ``materialized``, per parameter tensor (relative error <=
@@ -1000,7 +1000,7 @@ def parse_args(argv=None):
     p.add_argument("--work", default=None,
                    help="checkpoints and logs (default: runs/gpu_check; with --dry-run <out>/gpu_check_work)")
     p.add_argument("--quick", action="store_true",
-                   help="the main answers in one short command (about 7 minutes on one H100): exactness per "
+                   help="the main answers in one short command (sized for 7 minutes on one H100): exactness per "
                         "parameter tensor, fp16/bf16 training, speed and memory at T = 128 and 512, two DDP ranks; "
                         "writes <out>/quick.json and <out>/summary.md (run it first, then the full check)")
     p.add_argument("--dry-run", action="store_true",
