@@ -3,7 +3,8 @@
 #   make test        the test suite
 #   make test-fast   the tests that start no training process (-m "not slow"), for the edit-test loop
 #   make lint        ruff (ruff.toml: pyflakes, pycodestyle, bugbear, isort); CI runs it before the tests
-#   make gpu-check   everything a GPU must prove (docs/gpu.md); GPU_CHECK_ARGS=--dry-run on CPU
+#   make gpu-check   everything a GPU must prove (docs/gpu.md): GPU_CHECK_ARGS=--quick first (~7 min),
+#                    then the full check; add --dry-run to either on CPU
 #   make gpu-wheels  download into .whl/ the wheels a GPU machine without network needs
 # On a machine whose Python already has torch (a GPU machine): make gpu-check PY=python3
 # uses that interpreter and skips the venv set-up (scripts/gpu_machine_setup.sh installs the rest).
@@ -20,7 +21,8 @@ PY_SETUP := setup
 endif
 WHEELS ?= .whl
 # the GPU machine's Python (see docs/gpu.md); pip matches each manylinux tag exactly
-WHEEL_TARGET := --python-version 3.12 --implementation cp --only-binary=:all: \
+GPU_PYTHON ?= 3.12
+WHEEL_TARGET := --python-version $(GPU_PYTHON) --implementation cp --only-binary=:all: \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 	--platform manylinux2014_x86_64 --platform manylinux1_x86_64
 GPU_WHEELS := fairseq-fixed==0.12.3.1 hydra-core==1.3.2 omegaconf==2.3.0 bitarray==3.12.3

@@ -274,3 +274,22 @@ def test_no_cuda_means_no_fused_bias_backend():
         pytest.skip("this machine has CUDA")
     assert ra.bias_has_fused_backend(CUDA) is False
     assert ra.bias_has_fused_backend(torch.device("cpu")) is False
+
+
+@pytest.mark.parametrize("kernel", ["fused", "bias"])
+def test_training_cross_attention_runs_materialized_on_the_alignment_layer_only(monkeypatch, kernel):
+    """What docs/performance.md states: fairseq's decoder asks its alignment layer (the last)
+    for cross-attention weights on every forward, training included, so that one layer's
+    cross attention runs materialized and the others the chosen kernel."""
+    d = make_dictionary()
+    model = build(dictionary=d, residual_attention_kernel=kernel, decoder_layers=3)
+    model.train()
+    src, lengths, tgt = batch(d)
+    ran = record_kernels(monkeypatch)
+    out, extra = model(src, lengths, tgt)
+    out.sum().backward()
+    first = {}
+    for module, name in ran:
+        first.setdefault(module, name)
+    assert [first[layer.encoder_attn] for layer in model.decoder.layers] == [kernel, kernel, "materialized"]
+    assert extra["attn"][0] is not None and extra["attn"][0].requires_grad

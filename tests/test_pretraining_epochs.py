@@ -5,6 +5,8 @@
   and each epoch's draw with workers equals the draw without them
   (``fairseq_patches.epoch_workers``; without it, workers serve epoch 1's draw forever);
 * the same through ``fairseq-train`` (a probe criterion hashes every training sample);
+* only there: ``--task translation`` keeps its DataLoader workers across epochs (its items
+  do not change), while ``masked_lm`` and ``masked_lm_nsp`` get new ones each epoch;
 * a sentence pair holds no ``</s>`` but its two separators: a line's own ``</s>`` is not
   in a segment, so it is never masked nor predicted.
 """
@@ -102,6 +104,47 @@ def test_fairseq_alone_serves_the_first_epochs_draw_to_workers(short_lines):
     finally:
         epoch_workers.install()
     assert frozen[0] == frozen[1] == frozen[2]
+
+
+def worker_pids_per_epoch(task, split, epochs=3, num_workers=1):
+    """The pids of the DataLoader workers that served each epoch, read as fairseq-train
+    reads: one cached batch iterator, ``next_epoch_itr`` once per epoch, every batch consumed."""
+    dataset = task.dataset(split)
+    pids = []
+    for epoch in range(1, epochs + 1):
+        itr = task.get_batch_iterator(dataset, max_sentences=8, seed=1, num_workers=num_workers, epoch=epoch)
+        for _ in itr.next_epoch_itr(shuffle=False):
+            pass
+        pids.append(tuple(w.pid for w in itr.dataloader._iterator._workers))
+    epoch_workers.close_workers(itr.dataloader)
+    return pids
+
+
+def translation_task(data):
+    """``--task translation`` as fairseq-train sets it up (every option resolved)."""
+    from fairseq import options, tasks
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(data), "--task", "translation", "--arch", "transformer", "-s", "src", "-t", "tgt"])
+    task = tasks.setup_task(args)
+    task.load_dataset("train")
+    return task
+
+
+def test_translation_keeps_its_workers_across_epochs(data_bin):
+    """Translation pairs are the same every epoch: the workers forked in epoch 1 serve them all."""
+    task = translation_task(data_bin)
+    assert not epoch_workers.items_depend_on_epoch(task.dataset("train"))
+    pids = worker_pids_per_epoch(task, "train")
+    assert len(set(pids)) == 1 and len(pids[0]) == 1, pids
+
+
+@pytest.mark.parametrize("make_task", [nsp_task, mlm_task], ids=["masked_lm_nsp", "fairseq_masked_lm"])
+def test_epoch_dependent_tasks_get_new_workers_each_epoch(short_lines, make_task):
+    task = make_task(short_lines)
+    assert epoch_workers.items_depend_on_epoch(task.dataset("train"))
+    pids = worker_pids_per_epoch(task, "train")
+    assert len(set(pids)) == 3, pids
 
 
 def probe_run(data, tmp_path, task, workers):

@@ -1,7 +1,9 @@
 """Everything a GPU must prove, in steps that each fit a short GPU lease.
 
     python -m realformer_nmt.experiments.gpu_check [--steps tests,train,ddp,speed] [--out results/gpu]
+    python -m realformer_nmt.experiments.gpu_check --quick [--out results/gpu]   # first (sized for 7 minutes)
     python -m realformer_nmt.experiments.gpu_check --dry-run      # CPU, toy sizes (CI)
+    python -m realformer_nmt.experiments.gpu_check --quick --dry-run
 
 Steps (each writes ``<out>/<step>.json``; ``<out>/summary.md`` is rewritten after each):
 
@@ -18,6 +20,24 @@ Steps (each writes ``<out>/<step>.json``; ``<out>/summary.md`` is rewritten afte
   kernel; T = 128, 512, 1024; base and big), and ``scripts/benchmark_kernels.py``, which
   writes ``<out>/kernel_rule.json`` (the rule ``auto`` applies on CUDA) and copies it to the
   user's rule, ``~/.cache/realformer_nmt/kernel_rule.json`` (``$XDG_CACHE_HOME`` honoured).
+
+``--quick`` (run it first): one command that answers the main questions, sized for under
+7 minutes on one H100 (not yet timed on a GPU), and writes ``<out>/quick.json`` and
+``<out>/summary.md`` (small enough to copy back from a remote machine):
+
+* exactness, float32: a 6+6 model with every path on, sum and mean, each kernel (``bias``,
+  ``fused``, ``auto``) against ``materialized``, per parameter tensor (relative error <=
+  1e-4), the ``bias`` layer's mask gradient, and the SDPA backend ``torch.profiler`` saw
+  run for the ``bias`` layer, forward and backward (``exactness.py``);
+* mixed precision: 300 updates of the demo model in fp32, ``--fp16`` and ``--bf16`` for
+  vanilla ``transformer``, ``materialized``, ``bias`` and ``auto``: loss finite and
+  falling, fp16 / bf16 valid loss within 1% of fp32's, the checkpoint decodes with
+  ``fairseq-generate --fp16``;
+* speed and memory: base size, fp16, T = 128 and 512, each kernel's train tokens/s and
+  peak memory as a ratio to vanilla in the same process, against the targets;
+* two ranks on the one GPU, ``--fp16``, ``pytorch_ddp``, 50 updates.
+
+The full check (the steps above) is the second call.
 
 Resumable: a step whose JSON is in ``--out`` (from a run of the same kind, dry or
 not) is not run again (``--force`` runs it again); inside ``train`` and ``speed`` every
@@ -66,6 +86,37 @@ PRECISIONS = {
 }
 DDP_BACKENDS = ("pytorch_ddp", "legacy_ddp")
 FP16_LOSS_TOLERANCE = 0.01  # the issue's target: fp16 loss within 1% of fp32
+DDP_MARGIN_SECONDS = 30  # of a step's cap, kept for loading the checkpoints and writing ddp.json
+
+QUICK_SECONDS = 420  # --quick: the whole command within 7 minutes on one H100
+QUICK_KERNELS = ("vanilla", "materialized", "bias", "auto")  # vanilla: fairseq's own transformer
+QUICK_PRECISIONS = ("fp32", "fp16", "bf16")
+QUICK_SECTIONS = ("exactness", "train", "speed", "ddp")
+# the dry run trains these kernels only (CI time); every kernel's exactness is checked there
+QUICK_DRY_KERNELS = ("vanilla", "bias")
+# the speed targets (docs/gpu.md): bias (or auto) vs vanilla, fp16, base size
+SPEED_TARGETS = {512: (0.90, 1.15), 128: (0.95, 1.05)}
+
+
+@dataclasses.dataclass
+class QuickSizes:
+    exact: Dict[str, int]
+    train_updates: int
+    ddp_updates: int
+    speed_args: List[str]
+
+
+QUICK_REAL = QuickSizes(
+    exact=dict(layers=6, embed=256, heads=4, vocab=200, batch=8, src_len=40, tgt_len=36),
+    train_updates=300, ddp_updates=50,
+    speed_args="--sizes base --lengths 128,512 --alternations 3 --warmup 1 --decode-alternations 1".split(),
+)
+QUICK_DRY = QuickSizes(
+    exact=dict(layers=4, embed=16, heads=4, vocab=30, batch=3, src_len=8, tgt_len=6),
+    train_updates=9, ddp_updates=6,
+    speed_args=("--sizes toy --lengths 8,16 --alternations 1 --warmup 0 --tokens 256 --vocab 100 "
+                "--decode-sentences 2 --decode-len 4 --no-memory").split(),
+)
 
 
 @dataclasses.dataclass
@@ -281,8 +332,9 @@ class GpuCheck:
 
     def train_command(self, save_dir, precision, kernel, updates, extra=()):
         s = self.sizes
-        cmd = [fairseq_runs.fairseq_cli("fairseq-train"), s.data, "--user-dir", USER_DIR,
-               "--arch", "realformer_transformer", "--residual-attention-kernel", kernel, *s.model_flags,
+        arch = ["--arch", "transformer"] if kernel == "vanilla" else [
+            "--arch", "realformer_transformer", "--residual-attention-kernel", kernel]
+        cmd = [fairseq_runs.fairseq_cli("fairseq-train"), s.data, "--user-dir", USER_DIR, *arch, *s.model_flags,
                "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt",
                "--warmup-updates", str(s.warmup_updates), "--dropout", "0.1",
                "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
@@ -301,18 +353,19 @@ class GpuCheck:
             return cmd + ["--fp16"]
         return cmd + ["--cpu"] + (["--bf16"] if precision == "bf16" else [])
 
-    def train_one(self, precision, kernel, test_sentences):
+    def train_one(self, precision, kernel, test_sentences, updates=None, group="train"):
         name = f"{precision}/{kernel}"
+        updates = updates or self.sizes.train_updates
         if PRECISIONS[precision][1] and self.dry_run:
             return check(name, "skipped", f"--{precision} trains on CUDA only (dry run on CPU)",
                          precision=precision, kernel=kernel)
-        run_dir = os.path.join(self.work, "train", f"{precision}-{kernel}")
+        run_dir = os.path.join(self.work, group, f"{precision}-{kernel}")
         if self.force and os.path.exists(os.path.join(run_dir, "train.json")):
             _clear_run(run_dir)
-        cmd = self.train_command(run_dir, precision, kernel, self.sizes.train_updates)
+        cmd = self.train_command(run_dir, precision, kernel, updates)
         try:
             record = fairseq_runs.train_resumable(cmd, run_dir, label=f"[{name}] ", log=self.log,
-                                                  max_update=self.sizes.train_updates, env=self.env())
+                                                  max_update=updates, env=self.env())
         except fairseq_runs.RunError as exc:
             return check(name, "failed", str(exc).splitlines()[0], precision=precision, kernel=kernel,
                          log=rel(os.path.join(run_dir, "train.log")))
@@ -325,8 +378,8 @@ class GpuCheck:
         problems = []
         if record["status"] != "finished":
             problems.append(f"diverged: {record['reason']}")
-        if record["updates"] != self.sizes.train_updates:
-            problems.append(f"{record['updates']} of {self.sizes.train_updates} updates")
+        if record["updates"] != updates:
+            problems.append(f"{record['updates']} of {updates} updates")
         losses = [loss for _, loss in train] + ([valid] if valid is not None else [])
         if not losses or not all(math.isfinite(x) for x in losses):
             problems.append("a non-finite or missing loss")
@@ -376,27 +429,43 @@ class GpuCheck:
     # ------------------------------------------------------------------------------
 
     def step_ddp(self):
+        return self.ddp_checks(DDP_BACKENDS, self.sizes.ddp_updates, STEP_SECONDS, "ddp")
+
+    def ddp_checks(self, backends, updates, cap_seconds, group):
+        """Two ranks per backend, one backend after the other, all within ``cap_seconds``:
+        each run gets an equal share of what is left (less a margin to load its checkpoint
+        and write the JSON); a run that overstays is killed and reported as a failed check."""
         from fairseq import checkpoint_utils
 
         self.ensure_data()
+        deadline = time.time() + cap_seconds - DDP_MARGIN_SECONDS
         precision = "fp32" if self.dry_run else "fp16"
         checks = []
-        for backend in DDP_BACKENDS:
+        for i, backend in enumerate(backends):
             name = f"{backend} x2 ({precision}, gloo)"
-            run_dir = os.path.join(self.work, "ddp", backend)
+            share = (deadline - time.time()) / (len(backends) - i)
+            if share < 1:
+                checks.append(check(name, "failed", f"no time left in the step's {cap_seconds}-second cap",
+                                    backend=backend, precision=precision))
+                continue
+            run_dir = os.path.join(self.work, group, backend)
             _clear_run(run_dir)
-            cmd = self.train_command(run_dir, precision, "auto", self.sizes.ddp_updates,
-                                     extra=["--ddp-backend", backend])
-            self.log(f"ddp: {name}: two ranks of {portable(cmd)} + {' '.join(distributed_runs.rank_flags(0, 2))}")
-            result = distributed_runs.train_ranks(cmd, 2, run_dir, env=self.env(), timeout=600)
+            cmd = self.train_command(run_dir, precision, "auto", updates, extra=["--ddp-backend", backend])
+            self.log(f"ddp: {name}: two ranks of {portable(cmd)} + {' '.join(distributed_runs.rank_flags(0, 2))}"
+                     f" (at most {share:.0f}s)")
+            result = distributed_runs.train_ranks(cmd, 2, run_dir, env=self.env(), timeout=share)
             lines = fairseq_runs.read_log(result["logs"][0])
             train = [(r["update"], r["loss"]) for r in fairseq_runs.parse_log(lines)["train"]]
             details = dict(backend=backend, precision=precision, returncodes=result["returncodes"],
                            devices=result["devices"], seconds=result["seconds"], train_losses=train,
+                           time_limit=round(share, 1),
                            command=portable(cmd) + " " + " ".join(distributed_runs.rank_flags("R", 2)),
                            logs=[rel(p) for p in result["logs"]])
             problems = []
-            if result["returncodes"] != [0, 0]:
+            if result["seconds"] >= share and any(code != 0 for code in result["returncodes"]):
+                problems.append(f"killed after {share:.0f}s (its share of the step's {cap_seconds}-second cap): "
+                                f"a rank hung or trained too slowly; exit codes {result['returncodes']}")
+            elif result["returncodes"] != [0, 0]:
                 tails = [fairseq_runs.read_log(p)[-1:] for p in result["logs"]]
                 problems.append(f"exit codes {result['returncodes']}: {tails}")
             elif result["devices"] != 2:
@@ -407,10 +476,10 @@ class GpuCheck:
                     problems.append(f"training loss not finite and falling: {losses}")
                 try:
                     state = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(run_dir, "checkpoint_last.pt"))
-                    updates = state["optimizer_history"][-1]["num_updates"]
-                    details["checkpoint_updates"] = updates
-                    if updates != self.sizes.ddp_updates:
-                        problems.append(f"checkpoint after {updates} updates, not {self.sizes.ddp_updates}")
+                    done = state["optimizer_history"][-1]["num_updates"]
+                    details["checkpoint_updates"] = done
+                    if done != updates:
+                        problems.append(f"checkpoint after {done} updates, not {updates}")
                 except Exception as exc:  # any load failure is what this check reports
                     problems.append(f"checkpoint does not load: {exc}")
             self.log(f"ddp: {name}: {'failed: ' + '; '.join(problems) if problems else 'passed'}")
@@ -486,12 +555,162 @@ class GpuCheck:
         return proc.returncode, lines
 
     # ------------------------------------------------------------------------------
+    # --quick: the main answers in one short command
+    # ------------------------------------------------------------------------------
+
+    def quick_path(self):
+        return os.path.join(self.out, "quick.json")
+
+    def run_quick(self) -> dict:
+        """Every section of ``--quick`` in order, ``quick.json`` and ``summary.md`` rewritten
+        after each (a command cut off still leaves what it answered). A section that would
+        start after the 7-minute budget is reported as failed, not run."""
+        import torch
+
+        if not self.dry_run and not torch.cuda.is_available():
+            raise ConfigError("no CUDA device here: run gpu_check --quick on a GPU machine, or add --dry-run "
+                              "(CPU, toy sizes)")
+        q = QUICK_DRY if self.dry_run else QUICK_REAL
+        start = time.time()
+        record = {
+            "quick": True, "dry_run": self.dry_run, "device": self.device_description(), "status": None,
+            "seconds": None, "budget_seconds": QUICK_SECONDS,
+            "command": "make gpu-check GPU_CHECK_ARGS=\"--quick" + (" --dry-run" if self.dry_run else "")
+                       + f" --out {rel(self.out)}\"",
+            "sections": {},
+        }
+        for section in QUICK_SECTIONS:
+            spent = time.time() - start
+            if spent > QUICK_SECONDS and not self.dry_run:
+                checks = [check(section, "failed", f"not run: the quick check had spent {spent:.0f}s of its "
+                                                   f"{QUICK_SECONDS}s budget")]
+            else:
+                self.log(f"quick: {section}")
+                t0 = time.time()
+                checks = getattr(self, f"quick_{section}")(q, max(60.0, QUICK_SECONDS - spent))
+                self.log(f"quick: {section}: {step_status(checks)} in {time.time() - t0:.0f}s")
+            record["sections"][section] = {"status": step_status(checks),
+                                           "seconds": round(time.time() - start - spent, 1), "checks": checks}
+            record["seconds"] = round(time.time() - start, 1)
+            record["status"] = step_status([c for sec in record["sections"].values() for c in sec["checks"]])
+            record["finished"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            fairseq_runs.write_json(self.quick_path(), fairseq_runs.finite_or_none(record))
+            self.write_summary()
+        return record
+
+    def quick_exactness(self, q, budget):
+        from . import exactness
+
+        checks = exactness.run(self.device, q.exact, log=self.log)
+        if not self.dry_run:
+            import torch
+
+            torch.cuda.empty_cache()
+        return checks
+
+    def quick_train(self, q, budget):
+        summary = self.ensure_data()
+        sentences = summary["counts"]["test"]
+        jobs = [(p, k) for p in QUICK_PRECISIONS for k in QUICK_KERNELS]
+
+        def train(job):
+            precision, kernel = job
+            if self.dry_run and kernel not in QUICK_DRY_KERNELS:
+                return check(f"{precision}/{kernel}", "skipped", "dry run: CI trains "
+                             f"{' and '.join(QUICK_DRY_KERNELS)} only (the same command with another kernel)",
+                             precision=precision, kernel=kernel)
+            return self.train_one(precision, kernel, sentences, updates=q.train_updates, group="quick_train")
+
+        with concurrent.futures.ThreadPoolExecutor(self.jobs) as pool:
+            checks = list(pool.map(train, jobs))
+        return checks + self.precision_agreement(checks)
+
+    def precision_agreement(self, checks):
+        """fp16 and bf16 valid loss within 1% of fp32's, per kernel (on CUDA a failed check;
+        the dry run's few updates on CPU are reported, not judged)."""
+        runs = {(c.get("precision"), c.get("kernel")): c for c in checks}
+        out = []
+        for precision in ("fp16", "bf16"):
+            for kernel in QUICK_KERNELS:
+                run, ref = runs.get((precision, kernel), {}), runs.get(("fp32", kernel), {})
+                name = f"{precision} valid loss within 1% of fp32 ({kernel})"
+                loss, base = run.get("valid_loss"), ref.get("valid_loss")
+                if run.get("status") == "skipped" or ref.get("status") == "skipped":
+                    out.append(check(name, "skipped", run.get("reason") or ref.get("reason"), precision=precision,
+                                     kernel=kernel))
+                    continue
+                if loss is None or not base:
+                    out.append(check(name, "failed", "a valid loss is missing", precision=precision, kernel=kernel))
+                    continue
+                diff = abs(loss - base) / base
+                status, reason = ("passed", None) if diff <= FP16_LOSS_TOLERANCE else (
+                    "failed", f"{100 * diff:.2f}% from fp32")
+                if self.dry_run:
+                    status, reason = "passed", (f"dry run: {100 * diff:.2f}% after {QUICK_DRY.train_updates} toy "
+                                                "updates on CPU, reported, not judged")
+                out.append(check(name, status, reason, precision=precision, kernel=kernel, valid_loss=loss,
+                                 fp32_valid_loss=base, relative=diff))
+        return out
+
+    def quick_speed(self, q, budget):
+        result_path = os.path.join(self.work, "quick_speed_float16.json")
+        log_path = os.path.join(self.work, "quick_speed_float16.log")
+        kernels = [k for k in KERNELS]
+        cmd = [sys.executable, rel(os.path.join(REPO, "scripts", "benchmark_speed.py")), "--device", self.device,
+               "--dtype", "float16", *q.speed_args, "--variants", ",".join(["vanilla"] + kernels),
+               "--json", result_path]
+        if self.force and os.path.exists(result_path):
+            os.remove(result_path)
+        if not os.path.exists(result_path):
+            self.log(f"speed: {portable(cmd)}")
+            code, lines = self.run_echoed(cmd, log_path, "[speed] ", self.env(threads=1 if self.dry_run else None))
+            if code != 0:
+                tail = [line for line in lines[-5:] if line.strip()]
+                return [check("benchmark_speed float16", "failed", f"exit code {code}: {tail[-1] if tail else ''}",
+                              command=portable(cmd), log=rel(log_path))]
+        result = fairseq_runs.read_json(result_path) or {}
+        table = []
+        for config in result.get("configs", []):
+            for variant, r in config["variants"].items():
+                table.append(dict(size=config["size"], length=config["length"], variant=variant,
+                                  train_tokens_per_second=r.get("train_tokens_per_second"),
+                                  train_speed_ratio=r.get("train_speed_ratio"),
+                                  peak_memory_mib=r.get("peak_memory_mib"),
+                                  peak_memory_ratio=r.get("peak_memory_ratio")))
+        checks = [check("benchmark_speed float16", "passed", None, command=portable(cmd), table=table,
+                        gpu=result.get("gpu") or result.get("device"), torch=result.get("torch"))]
+        for row in speed_targets(result):
+            name = (f"{row['variant']} at T = {row['length']}: train >= {row['min_speed']:.2f}x vanilla, "
+                    f"peak memory <= {row['max_memory']:.2f}x")
+            if self.dry_run:
+                checks.append(check(name, "skipped", "dry run: CPU toy sizes, not the target's conditions", **row))
+            elif row["met"] is None:
+                checks.append(check(name, "failed", "not measured", **row))
+            else:
+                checks.append(check(name, "passed" if row["met"] else "failed",
+                                    None if row["met"] else "target not met", **row))
+        if self.dry_run:
+            checks.append(check("speed targets", "skipped", "dry run: CPU toy lengths (the targets are fp16 on "
+                                                              "CUDA at T = 128 and 512)"))
+        return checks
+
+    def quick_ddp(self, q, budget):
+        return self.ddp_checks(("pytorch_ddp",), q.ddp_updates, int(min(budget, STEP_SECONDS)), "quick_ddp")
+
+    # ------------------------------------------------------------------------------
     # summary
     # ------------------------------------------------------------------------------
 
     def write_summary(self):
         records = {s: fairseq_runs.read_json(self.step_path(s)) for s in STEPS}
-        text = summary_markdown(records, self)
+        quick = fairseq_runs.read_json(self.quick_path())
+        text = quick_markdown(quick) if quick is not None and quick.get("dry_run") == self.dry_run else ""
+        if text and not any(records.values()):
+            return self._write_summary_text(text)
+        text = text + ("\n" if text else "") + summary_markdown(records, self)
+        self._write_summary_text(text)
+
+    def _write_summary_text(self, text):
         with open(os.path.join(self.out, "summary.md"), "w", encoding="utf-8") as f:
             f.write(text)
 
@@ -547,7 +766,7 @@ def _fmt(x, digits=2):
 def speed_targets(speed: Optional[dict]):
     """The issue's speed targets on the fp16 benchmark: ``bias`` (or ``auto``) train tok/s
     >= 0.90x vanilla and peak memory <= 1.15x at T = 512; >= 0.95x and <= 1.05x at T = 128."""
-    bounds = {512: (0.90, 1.15), 128: (0.95, 1.05)}
+    bounds = SPEED_TARGETS
     rows = []
     for config in (speed or {}).get("configs", []):
         if config["length"] not in bounds:
@@ -584,6 +803,88 @@ def loss_targets(train: Optional[dict]):
         met = None if diff is None else diff <= FP16_LOSS_TOLERANCE
         rows.append(dict(kernel=kernel, fp16=loss, fp32=ref, relative=diff, met=met, status=c["status"]))
     return rows
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "/").replace("\n", " ")
+
+
+def quick_markdown(record) -> str:
+    """``summary.md``'s part for ``quick.json``: every answer of ``--quick`` in a few tables."""
+    dry = record.get("dry_run")
+    lines = ["# GPU quick check" + (" (dry run: CPU, toy sizes; not a measurement)" if dry else ""), "",
+             f"`{record.get('command')}` on {record.get('device')}: **{record.get('status')}** in "
+             f"{record.get('seconds')}s (budget {record.get('budget_seconds')}s). Details: `quick.json` "
+             "next to this file; docs/gpu.md says how to read it.", "",
+             "| section | status | seconds | failed checks |", "| --- | --- | --- | --- |"]
+    sections = record.get("sections", {})
+    for name in QUICK_SECTIONS:
+        sec = sections.get(name)
+        if sec is None:
+            lines.append(f"| {name} | not run | - | |")
+            continue
+        failed = "; ".join(f"{c['name']}: {c['reason']}" for c in sec["checks"] if c["status"] == "failed")
+        lines.append(f"| {name} | {sec['status']} | {sec['seconds']:.0f} | {_cell(failed[:500])} |")
+    exact = sections.get("exactness")
+    if exact:
+        lines += ["", "## exactness (float32, per parameter tensor, relative error <= 1e-4)", "",
+                  "| check | status | max relative error | worst tensor | tensors (q/k projections) |",
+                  "| --- | --- | --- | --- | --- |"]
+        for c in exact["checks"]:
+            if "max_relative" in c:
+                lines.append(f"| {c['name']} | {c['status']} | {_fmt(c['max_relative'], 8)} | "
+                             f"`{c['worst_tensor']}` | {c['tensors']} ({c['q_k_projections']}) |")
+            elif "relative_errors" in c:
+                errs = ", ".join(f"{k} {v:.1e}" for k, v in c["relative_errors"].items())
+                lines.append(f"| {c['name']} | {c['status']} | {errs} | | |")
+            elif "forward" in c:
+                lines.append(f"| {c['name']} | {c['status']} | forward {', '.join(c['forward']['backends'])}; "
+                             f"backward {', '.join(c['backward']['backends'])} | | |")
+    train = sections.get("train")
+    if train:
+        lines += ["", "## mixed precision (fairseq-train on the demo corpus, then fairseq-generate)", "",
+                  "| precision | kernel | status | updates | first / last train loss | valid loss | decode |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for c in train["checks"]:
+            if "fp32_valid_loss" in c or c["name"].startswith(("fp16 valid", "bf16 valid")):
+                continue
+            losses = c.get("train_losses") or []
+            first_last = f"{_fmt(losses[0][1], 3)} / {_fmt(losses[-1][1], 3)}" if losses else "-"
+            decode = (c.get("generate") or {}).get("bleu_line") or (c.get("generate") or {}).get("reason") or "-"
+            status = c["status"] + (f": {c['reason']}" if c.get("reason") else "")
+            lines.append(f"| {c.get('precision')} | {c.get('kernel')} | {_cell(status)} | {c.get('updates', '-')} | "
+                         f"{first_last} | {_fmt(c.get('valid_loss'), 3)} | {_cell(decode)} |")
+        rows = [c for c in train["checks"] if c["name"].startswith(("fp16 valid", "bf16 valid"))]
+        if rows:
+            lines += ["", "| target | status | valid loss | fp32 valid loss | difference |",
+                      "| --- | --- | --- | --- | --- |"]
+            for c in rows:
+                diff = "-" if c.get("relative") is None else f"{100 * c['relative']:.2f}%"
+                status = c["status"] + (f": {c['reason']}" if c.get("reason") else "")
+                lines.append(f"| {c['name']} | {_cell(status)} | {_fmt(c.get('valid_loss'), 3)} | "
+                             f"{_fmt(c.get('fp32_valid_loss'), 3)} | {diff} |")
+    speed = sections.get("speed")
+    if speed:
+        lines += ["", "## speed and memory (fp16, ratios to vanilla in the same process)", ""]
+        table = next((c.get("table") for c in speed["checks"] if c.get("table")), None)
+        if table:
+            lines += ["| size | T | variant | train tok/s | x vanilla | peak MiB | x vanilla |",
+                      "| --- | --- | --- | --- | --- | --- | --- |"]
+            for r in table:
+                lines.append(f"| {r['size']} | {r['length']} | {r['variant']} | "
+                             f"{_fmt(r['train_tokens_per_second'], 0)} | {_fmt(r['train_speed_ratio'])} | "
+                             f"{_fmt(r['peak_memory_mib'], 0)} | {_fmt(r['peak_memory_ratio'])} |")
+        for c in speed["checks"]:
+            if c.get("table") is None:
+                lines.append(f"- {c['name']}: {c['status']}" + (f" ({c['reason']})" if c.get("reason") else ""))
+    ddp = sections.get("ddp")
+    if ddp:
+        lines += ["", "## two ranks on one GPU", ""]
+        for c in ddp["checks"]:
+            losses = ", ".join(f"{x:.2f}" for _, x in c.get("train_losses", []))
+            lines.append(f"- {c['name']}: {c['status']}" + (f" ({c['reason']})" if c.get("reason") else "")
+                         + (f"; train losses {losses}" if losses else ""))
+    return "\n".join(lines) + "\n"
 
 
 def summary_markdown(records, ctx) -> str:
@@ -706,6 +1007,10 @@ def parse_args(argv=None):
                         f"(default: {DEFAULT_OUT}; with --dry-run {DRY_RUN_OUT})")
     p.add_argument("--work", default=None,
                    help="checkpoints and logs (default: runs/gpu_check; with --dry-run <out>/gpu_check_work)")
+    p.add_argument("--quick", action="store_true",
+                   help="the main answers in one short command (sized for 7 minutes on one H100): exactness per "
+                        "parameter tensor, fp16/bf16 training, speed and memory at T = 128 and 512, two DDP ranks; "
+                        "writes <out>/quick.json and <out>/summary.md (run it first, then the full check)")
     p.add_argument("--dry-run", action="store_true",
                    help="every step on the CPU at toy sizes (CUDA-only parts reported as skipped)")
     p.add_argument("--force", "--redo", action="store_true", dest="force",
@@ -740,10 +1045,17 @@ def main(argv=None):
     try:
         ctx = GpuCheck(args.out, args.work, args.dry_run, args.jobs, args.force,
                        kernels=args.kernels, precisions=args.precisions)
-        results = ctx.run(args.steps)
+        if args.quick:
+            record = ctx.run_quick()
+        else:
+            results = ctx.run(args.steps)
     except ConfigError as exc:
         print(f"gpu_check: error: {exc}", file=sys.stderr)
         return 2
+    if args.quick:
+        print(f"summary: {os.path.join(ctx.out, 'summary.md')}")
+        print(f"quick: {record['status']} ({ctx.quick_path()})")
+        return 1 if record["status"] == "failed" else 0
     print(f"summary: {os.path.join(ctx.out, 'summary.md')}")
     for step, record in results.items():
         print(f"{step}: {record['status']}")

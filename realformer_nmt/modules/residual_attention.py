@@ -27,10 +27,13 @@ Kernels (``--residual-attention-kernel``); all compute the same function:
   previous layers' sum as an additive mask, ``softmax(q k^T / c_n + B_n) v`` with
   ``B_n = A_{n-1} / c_n + mask``, and hands ``A_n = A_{n-1} + Q_n K_n^T / sqrt(d)`` on,
   formed with one float32 ``baddbmm`` only when the next layer asks for it (the last layer
-  of a path never does). On CUDA, SDPA's memory-efficient kernel takes a float mask that
-  needs a gradient, so per layer one ``T x S`` bias in the input dtype is stored instead of
-  the float32 sum plus probabilities; the running sum itself stays float32. On CPU, SDPA
-  runs its math kernel for such a mask (same function, materialized's cost).
+  of a path never does). When the mask needs a gradient (training), the SDPA call is
+  restricted (``torch.nn.attention.sdpa_kernel``) to a backend that returns it: on CUDA
+  only the memory-efficient kernel (cuDNN attention returns no mask gradient), so per layer
+  one ``T x S`` bias in the input dtype is stored instead of the float32 sum plus
+  probabilities; the running sum itself stays float32. If that backend refuses a call,
+  the call runs ``materialized`` (logged once), never a kernel that loses the gradient. On
+  CPU, SDPA's math kernel runs such a call (same function, materialized's cost).
 * ``fused``: since ``A_n = sum_i Q_i K_i^T / sqrt(d) = [Q_1 .. Q_n] [K_1 .. K_n]^T / sqrt(d)``,
   the path carries the projected queries and keys of its layers (``[B, H, T, d]`` and
   ``[B, H, S, d]`` each) and layer n is one call of SDPA on them side by side (query/key
@@ -62,6 +65,7 @@ scores where they occur).
 import json
 import logging
 import os
+import threading
 from functools import lru_cache
 from typing import Dict, NamedTuple, Optional, Tuple
 
@@ -242,28 +246,92 @@ def cuda_kernel_rule() -> Dict[str, str]:
     return rule
 
 
-@lru_cache(maxsize=None)
-def _bias_backend_probe(device: str) -> bool:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def mask_grad_backends(device: torch.device):
+    """The SDPA backends the ``bias`` kernel may run on when its mask needs a gradient.
 
-    try:
+    CUDA: only the memory-efficient kernel. It returns the gradient of a float mask;
+    cuDNN attention, which PyTorch tries first on Hopper GPUs, returns only dq, dk, dv
+    (no mask gradient) and has open NaN reports for float masks whose rows see no real key.
+    CPU: only the math kernel (the one CPU backend that takes a float mask with a
+    gradient; exact, materialized's cost, as the module docstring says)."""
+    from torch.nn.attention import SDPBackend
+
+    return [SDPBackend.EFFICIENT_ATTENTION] if device.type == "cuda" else [SDPBackend.MATH]
+
+
+def _in_a_clean_thread(fn, *args):
+    """``fn(*args)`` in a new thread: grad mode, inference mode, autocast and saved-tensor
+    hooks (``torch.utils.checkpoint``) are thread-local, so the caller's context (a
+    ``torch.no_grad()`` decoding, a checkpointed layer) cannot change the answer."""
+    result, error = [], []
+
+    def target():
+        try:
+            result.append(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            error.append(exc)
+
+    thread = threading.Thread(target=target, name="realformer-sdpa-probe")
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def _probe_once(device: str) -> bool:
+    from torch.nn.attention import sdpa_kernel
+
+    with torch.enable_grad():
         q = torch.randn(1, 1, 8, 16, device=device, dtype=torch.float16, requires_grad=True)
         bias = torch.zeros(1, 1, 8, 8, device=device, dtype=torch.float16, requires_grad=True)
-        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
+        with sdpa_kernel(mask_grad_backends(torch.device(device))):
             F.scaled_dot_product_attention(q, q, q, attn_mask=bias).sum().backward()
-        ok = bias.grad is not None
-    except Exception:  # noqa: BLE001 - no such backend, or no CUDA at all: either way not usable
+    return bias.grad is not None
+
+
+@lru_cache(maxsize=None)
+def _bias_backend_probe(device: str) -> bool:
+    """Whether the backend of :func:`mask_grad_backends` takes a float mask with a gradient
+    on ``device``, forward and backward. Probed in a thread of its own, so the answer does
+    not depend on where the first call comes from (under ``torch.no_grad()`` in
+    fairseq-generate, inside a checkpointed layer): it is cached for the process."""
+    try:
+        ok = _in_a_clean_thread(_probe_once, device)
+    except Exception as exc:  # noqa: BLE001 - no such backend, or no CUDA at all: either way not usable
+        logger.info("SDPA probe on %s: %s", device, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         ok = False
     if not ok:
-        logger.warning("no fused SDPA backend on %s takes a float mask with a gradient: 'auto' uses "
-                       "materialized instead of bias there", device)
+        logger.warning("SDPA's memory-efficient backend on %s does not take a float mask with a gradient: "
+                       "'auto' uses materialized instead of bias there", device)
     return ok
 
 
 def bias_has_fused_backend(device: torch.device) -> bool:
-    """Whether a fused SDPA backend (not the math kernel) takes a float mask that needs a
-    gradient on this CUDA device, forward and backward (probed once per device)."""
-    return device.type == "cuda" and _bias_backend_probe(str(device))
+    """Whether SDPA's memory-efficient backend (not the math kernel) takes a float mask that
+    needs a gradient on this CUDA device, forward and backward (probed once per device)."""
+    if device.type != "cuda":
+        return False
+    if device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())  # the probe's thread has its own
+    return _bias_backend_probe(str(device))
+
+
+_LOGGED_FALLBACKS = set()
+
+
+def _log_bias_fallback_once(device: torch.device, exc: Exception) -> None:
+    key = str(device)
+    if key not in _LOGGED_FALLBACKS:
+        _LOGGED_FALLBACKS.add(key)
+        logger.warning("bias kernel on %s: SDPA's %s backend refused a call whose mask needs a gradient (%s); "
+                       "such calls run materialized (logged once)", device,
+                       "/".join(b.name for b in mask_grad_backends(device)), str(exc).splitlines()[0])
+
+
+def _is_no_kernel_error(exc: RuntimeError) -> bool:
+    message = str(exc)
+    return "No available kernel" in message or "No viable backend" in message
 
 
 class ResidualMultiheadAttention(MultiheadAttention):
@@ -516,8 +584,23 @@ class ResidualMultiheadAttention(MultiheadAttention):
         terms = prev_state.terms + 1
         divisor = self._divisor(terms)
         bias = _additive_bias(prev, divisor, key_padding_mask, attn_mask, q.dtype)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self._dropout_p(),
-                                             scale=1.0 / divisor)
+        if bias.requires_grad:
+            # only a backend that returns the mask's gradient (see mask_grad_backends)
+            from torch.nn.attention import sdpa_kernel
+
+            try:
+                with sdpa_kernel(mask_grad_backends(q.device)):
+                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self._dropout_p(),
+                                                         scale=1.0 / divisor)
+            except RuntimeError as exc:
+                if not _is_no_kernel_error(exc):
+                    raise
+                _log_bias_fallback_once(q.device, exc)
+                return self._materialized_forward(query, key, value, key_padding_mask, None, False, False,
+                                                  attn_mask, False, prev_state)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self._dropout_p(),
+                                                 scale=1.0 / divisor)
         out = self._uniform_rows_without_real_keys(out, v, key_padding_mask, attn_mask, False)
         output = self._project_out(out, tgt_len, bsz)
         # A_n = A_{n-1} + q k^T is formed by the next layer that asks for it

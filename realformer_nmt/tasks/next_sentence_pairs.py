@@ -138,6 +138,8 @@ class NextSentencePairsDataset(FairseqDataset):
     def __len__(self):
         return len(self.first_segments)
 
+    items_depend_on_epoch = True  # pairs are redrawn each epoch (fairseq_patches.epoch_workers)
+
     @property
     def can_reuse_epoch_itr_across_epochs(self):
         return True  # sizes are bounds that hold for every epoch
