@@ -356,6 +356,29 @@ def test_json_and_summary_carry_the_own_score_control_beside_the_attention_used(
     assert markdown.count("own = used there") == (3 if arch == "transformer" else 0)
 
 
+def test_own_scores_isolate_what_the_residual_sum_builds_in(dictionary):
+    """Same weights (same seed), Post-LN vs RealFormer: the encoder's layer 1 is the same
+    function, so layer 2 gets the same input and its own scores are Post-LN's layer-2
+    attention exactly, while the attention RealFormer's layer 2 uses (A_1 + S_2) is not:
+    any difference in its entropy or JSD there is construction, nothing learned."""
+    src, lengths, tgt = _padded_batch(dictionary)
+    got = {}
+    for arch in ("transformer", "realformer_transformer"):
+        model = build(arch, dictionary=dictionary)
+        with aa.recording_attention(model) as record:
+            got[arch] = aa.attention_probabilities(
+                model, record, {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": tgt},
+                own_scores=True)
+    (post_used, _), (real_used, real_own) = got["transformer"], got["realformer_transformer"]
+    rows = src.ne(dictionary.pad())
+    def on_rows(x):
+        return x.permute(0, 2, 1, 3)[rows]
+
+    assert (on_rows(real_used["encoder_self"][0]) - on_rows(post_used["encoder_self"][0])).abs().max() < 1e-6
+    assert (on_rows(real_own["encoder_self"][1]) - on_rows(post_used["encoder_self"][1])).abs().max() < 1e-6
+    assert (on_rows(real_used["encoder_self"][1]) - on_rows(post_used["encoder_self"][1])).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize("arch", ["realformer_transformer", "transformer"])
 def test_recording_does_not_change_the_model_output(dictionary, arch):
     model = build(arch, dictionary=dictionary)
