@@ -1007,7 +1007,7 @@ def summary_markdown(analyses: Sequence[Analysis], summary: Dict[str, List[dict]
             cells = [str(row["layer"])] + [fmt(v) for k in ("entropy_median", "own_entropy_median", "jsd_median",
                                                               "own_jsd_median") for v in row[k]]
             lines.append("| " + " | ".join(cells) + " |")
-        same = [names[i] or "the model" for i in range(len(analyses))
+        same = [names[i] or "The model" for i in range(len(analyses))
                 if all(r["own_max_abs_difference"][i] in (0.0, None) for r in rows)]
         if same:
             lines += ["", f"{', '.join(same)}: own scores are the attention used in every layer "
