@@ -4,6 +4,7 @@ from the model's own forward pass (against the paper formula written out), and t
 script on tiny checkpoints trained by fairseq-train."""
 
 import argparse
+import inspect
 import json
 import math
 import subprocess
@@ -140,18 +141,20 @@ def test_padding_does_not_change_what_the_model_is_measured_to_do(dictionary, ar
         sample = {"net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": tgt}}
         net_input, masks = aa.model_inputs(model, sample, pads)
         with aa.recording_attention(model) as record:
-            probs = aa.attention_probabilities(model, record, net_input)
-        return {t: aa.token_statistics(probs[t], *masks[t]) for t in probs}
+            probs, own = aa.attention_probabilities(model, record, net_input, own_scores=True)
+        return {(t, source): aa.token_statistics(p[t], *masks[t]) for t in probs
+                for source, p in (("used", probs), ("own", own))}
 
     together = values(src, lengths, tgt)
     alone = []
     for i in range(src.size(0)):
         s, t = src[i][src[i].ne(dictionary.pad())], tgt[i][tgt[i].ne(dictionary.pad())]
         alone.append(values(s[None], torch.tensor([len(s)]), t[None]))
-    for t, (ent, jsd, pad_mass) in together.items():
+    for t, (ent, jsd, pad_mass) in together.items():  # the attention used and the own-score control
         assert pad_mass == 0.0, t
         assert torch.allclose(ent, torch.cat([a[t][0] for a in alone], -1), atol=1e-5), t
         assert torch.allclose(jsd, torch.cat([a[t][1] for a in alone], -1), atol=1e-5), t
+    together = {t: v for (t, source), v in together.items() if source == "used"}
     assert together["encoder_self"][0].shape[-1] == int(src.ne(dictionary.pad()).sum())
     assert together["cross"][0].shape[-1] == int(tgt.ne(dictionary.pad()).sum())
 
@@ -213,6 +216,167 @@ def test_probabilities_read_equal_the_paper_formula(dictionary, monkeypatch, arc
             assert g.shape == w.shape  # [B, H, T, S]: per head
             rows = src_real if t == "encoder_self" else torch.ones(tgt.shape, dtype=torch.bool)
             assert (g - w).abs().permute(0, 2, 1, 3)[rows].max() < 1e-5, t
+
+
+def _own_scores_written_out(model, src, lengths, tgt):
+    """Each attention layer's own probabilities softmax(mask(Q K^T / sqrt(d))), computed
+    plainly from its q_proj/k_proj weights and the inputs it was called with (captured
+    by a pre-hook), with its key padding and additive masks: ``{type: [B, H, T, S] per layer}``."""
+    modules = aa.attention_modules(model)
+    inputs = {t: [None] * len(ms) for t, ms in modules.items()}
+    handles = []
+
+    def capture(t, i, module, args, kwargs):
+        call = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+        inputs[t][i] = {k: call.get(k) for k in ("query", "key", "key_padding_mask", "attn_mask")}
+
+    for t, ms in modules.items():
+        for i, m in enumerate(ms):
+            handles.append(m.register_forward_pre_hook(
+                lambda mod, a, kw, t=t, i=i: capture(t, i, mod, a, kw), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(src, lengths, tgt)
+    finally:
+        for h in handles:
+            h.remove()
+    want = {}
+    for t, ms in modules.items():
+        want[t] = []
+        for m, call in zip(ms, inputs[t]):
+            heads = m.num_heads
+            x_q = call["query"].transpose(0, 1)  # [B, T, C]
+            x_k = (call["key"] if call["key"] is not None else call["query"]).transpose(0, 1)
+            B, T, C = x_q.shape
+            d = C // heads
+            q = (x_q @ m.q_proj.weight.T + m.q_proj.bias).view(B, T, heads, d).transpose(1, 2)
+            k = (x_k @ m.k_proj.weight.T + m.k_proj.bias).view(B, -1, heads, d).transpose(1, 2)
+            scores = q @ k.transpose(-1, -2) / math.sqrt(d)  # [B, H, T, S]
+            if call["attn_mask"] is not None:
+                scores = scores + call["attn_mask"]
+            if call["key_padding_mask"] is not None:
+                scores = scores.masked_fill(call["key_padding_mask"].bool()[:, None, None, :], float("-inf"))
+            want[t].append(torch.softmax(scores, dim=-1).detach())
+    return want
+
+
+@pytest.mark.parametrize("arch,paths,mode", [
+    ("realformer_transformer", "encoder,decoder,cross", "sum"),
+    ("realformer_transformer", "encoder,decoder,cross", "mean"),
+    ("realformer_transformer", "encoder,cross", "sum"),
+    ("realformer_transformer", "none", "sum"),
+    ("transformer", "none", "sum"),
+])
+def test_own_score_probabilities_equal_the_q_and_k_projections_written_out(dictionary, arch, paths, mode):
+    """The control: each layer's own-score probabilities equal softmax(mask(Q K^T / sqrt(d)))
+    from its own q_proj/k_proj; they are the attention used wherever no running sum is
+    added (fairseq's module, a path off, layer 1 of a path) and differ from it above."""
+    overrides = {} if arch == "transformer" else dict(residual_attention_paths=paths, residual_attention_mode=mode)
+    model = build(arch, dictionary=dictionary, **overrides)
+    src, lengths, tgt = batch(dictionary)
+    net_input = {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": tgt}
+    with aa.recording_attention(model) as record:
+        used, own = aa.attention_probabilities(model, record, net_input, own_scores=True)
+    want = _own_scores_written_out(model, src, lengths, tgt)
+    residual = set() if paths == "none" else set(paths.split(","))
+    on_path = {"encoder_self": "encoder" in residual, "decoder_self": "decoder" in residual,
+               "cross": "cross" in residual}
+    src_real = src.ne(dictionary.pad())
+    for t in aa.ATTENTION_TYPES:
+        rows = src_real if t == "encoder_self" else torch.ones(tgt.shape, dtype=torch.bool)
+        assert len(own[t]) == len(want[t]) == len(used[t]) == 3
+        for layer, (o, w, u) in enumerate(zip(own[t], want[t], used[t])):
+            assert o.shape == w.shape == u.shape  # [B, H, T, S]
+            assert (o - w).abs().permute(0, 2, 1, 3)[rows].max() < 1e-5, (t, layer)
+            difference = float((o - u).abs().permute(0, 2, 1, 3)[rows].max())
+            if on_path[t] and layer > 0:
+                assert difference > 1e-3, (t, layer)  # the running sum changes what the layer attends with
+            else:
+                assert torch.equal(o, u), (t, layer)
+    # nothing left behind on the modules
+    assert not any(getattr(m, "need_own_weights", False) or getattr(m, "own_weights", None) is not None
+                   for m in model.modules())
+
+
+def _statistics_of_a_batch(model, dictionary):
+    src, lengths, tgt = _padded_batch(dictionary)
+    pads = {"source": dictionary.pad(), "target": dictionary.pad()}
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": tgt}}
+    net_input, masks = aa.model_inputs(model, sample, pads)
+    with aa.recording_attention(model) as record:
+        used, own = aa.attention_probabilities(model, record, net_input, own_scores=True)
+    return used, own, masks
+
+
+@pytest.mark.parametrize("arch", ["realformer_transformer", "transformer"])
+def test_json_and_summary_carry_the_own_score_control_beside_the_attention_used(dictionary, arch):
+    model = build(arch, dictionary=dictionary)
+    used, own, masks = _statistics_of_a_batch(model, dictionary)
+    analysis = aa.Analysis(checkpoint="model.pt", label=arch, types={})
+    for t in used:
+        stats = aa.TypeStats(3, 4)
+        stats.add(used[t], *masks[t], own_probs=own[t])
+        analysis.types[t] = stats
+    result = analysis.to_json()
+    assert set(result["statistic_sets"]) == {"used", "own_scores"}
+    for t in aa.ATTENTION_TYPES:
+        s = result[t]
+        assert set(s) == {"entropy_median", "entropy_quartiles", "jsd_median", "jsd_quartiles", "own_scores"}
+        assert set(s["own_scores"]) == {"entropy_median", "entropy_quartiles", "jsd_median", "jsd_quartiles",
+                                        "max_abs_difference_from_used"}
+        for source, probs in (("used", used[t]), ("own", own[t])):
+            ent, jsd, _ = aa.token_statistics(probs, *masks[t])  # exact per-token values
+            got = s if source == "used" else s["own_scores"]
+            for stat, values in (("entropy", ent), ("jsd", jsd)):
+                want = np.quantile(values.numpy(), aa.QUARTILES, axis=-1).transpose(1, 2, 0)
+                assert np.abs(np.array(got[f"{stat}_quartiles"]) - want).max() <= QUANTILE_BOUND + 1e-6
+        difference = s["own_scores"]["max_abs_difference_from_used"]
+        own_stats = {k: v for k, v in s["own_scores"].items() if k != "max_abs_difference_from_used"}
+        used_stats = {k: v for k, v in s.items() if k != "own_scores"}
+        if arch == "transformer":  # Post-LN: the control is the measurement
+            assert difference == [0.0, 0.0, 0.0]
+            assert own_stats == used_stats
+        else:  # RealFormer: layer 1 attends with its own scores, layers 2 and 3 with the sum
+            assert difference[0] == 0.0 and min(difference[1:]) > 1e-3
+            assert own_stats["entropy_median"][0] == used_stats["entropy_median"][0]
+            assert own_stats["jsd_median"] != used_stats["jsd_median"]
+
+    summary = aa.layer_summary([analysis])
+    for rows in summary.values():
+        for row in rows:
+            assert set(aa.SUMMARY_KEYS) <= set(row)
+            if arch == "transformer":
+                assert row["own_entropy_median"] == row["entropy_median"]
+                assert row["own_jsd_median"] == row["jsd_median"]
+    markdown = aa.summary_markdown([analysis], summary)
+    assert "| layer | entropy | own entropy | JSD | own JSD |" in markdown
+    assert "Control (own scores)" in markdown and "softmax(mask(S_n))" in markdown
+    assert "by construction" in markdown and "is learned" in markdown
+    # the line saying the control equals the measurement appears exactly where it does
+    assert markdown.count("own = used there") == (3 if arch == "transformer" else 0)
+
+
+def test_own_scores_isolate_what_the_residual_sum_builds_in(dictionary):
+    """Same weights (same seed), Post-LN vs RealFormer: the encoder's layer 1 is the same
+    function, so layer 2 gets the same input and its own scores are Post-LN's layer-2
+    attention exactly, while the attention RealFormer's layer 2 uses (A_1 + S_2) is not:
+    any difference in its entropy or JSD there is construction, nothing learned."""
+    src, lengths, tgt = _padded_batch(dictionary)
+    got = {}
+    for arch in ("transformer", "realformer_transformer"):
+        model = build(arch, dictionary=dictionary)
+        with aa.recording_attention(model) as record:
+            got[arch] = aa.attention_probabilities(
+                model, record, {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": tgt},
+                own_scores=True)
+    (post_used, _), (real_used, real_own) = got["transformer"], got["realformer_transformer"]
+    rows = src.ne(dictionary.pad())
+    def on_rows(x):
+        return x.permute(0, 2, 1, 3)[rows]
+
+    assert (on_rows(real_used["encoder_self"][0]) - on_rows(post_used["encoder_self"][0])).abs().max() < 1e-6
+    assert (on_rows(real_own["encoder_self"][1]) - on_rows(post_used["encoder_self"][1])).abs().max() < 1e-6
+    assert (on_rows(real_used["encoder_self"][1]) - on_rows(post_used["encoder_self"][1])).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("arch", ["realformer_transformer", "transformer"])
@@ -341,20 +505,29 @@ def test_script_compares_realformer_with_vanilla_transformer(trained, trained_va
 
     stats = json.loads((out / "attention_stats.json").read_text())
     other = json.loads((out / "attention_stats_compare.json").read_text())
-    assert set(stats) == set(other) == {"encoder_self", "decoder_self", "cross", "checkpoint", "sentences"}
+    assert set(stats) == set(other) == {"encoder_self", "decoder_self", "cross", "statistic_sets", "checkpoint",
+                                        "sentences"}
     assert stats["checkpoint"] == str(realformer) and other["checkpoint"] == str(vanilla)
     assert stats["sentences"] == other["sentences"] == 30
     for result in (stats, other):
         for t in aa.ATTENTION_TYPES:
-            s = result[t]
-            assert set(s) == {"entropy_median", "entropy_quartiles", "jsd_median", "jsd_quartiles"}
-            ent_q, jsd_q = np.array(s["entropy_quartiles"]), np.array(s["jsd_quartiles"])
-            assert np.array(s["entropy_median"]).shape == (2, 2) and ent_q.shape == (2, 2, 3)
-            assert np.array(s["jsd_median"]).shape == (1, 2) and jsd_q.shape == (1, 2, 3)
-            assert (np.diff(ent_q, axis=-1) >= 0).all() and (np.diff(jsd_q, axis=-1) >= 0).all()
-            assert np.array_equal(ent_q[..., 1], s["entropy_median"])
-            assert (ent_q >= 0).all() and (ent_q <= math.log(20)).all()  # sentences are < 20 tokens
-            assert (jsd_q >= 0).all() and (jsd_q <= LN2).all()
+            for s in (result[t], result[t]["own_scores"]):  # the attention used and the own-score control
+                assert set(s) - {"own_scores", "max_abs_difference_from_used"} == {
+                    "entropy_median", "entropy_quartiles", "jsd_median", "jsd_quartiles"}
+                ent_q, jsd_q = np.array(s["entropy_quartiles"]), np.array(s["jsd_quartiles"])
+                assert np.array(s["entropy_median"]).shape == (2, 2) and ent_q.shape == (2, 2, 3)
+                assert np.array(s["jsd_median"]).shape == (1, 2) and jsd_q.shape == (1, 2, 3)
+                assert (np.diff(ent_q, axis=-1) >= 0).all() and (np.diff(jsd_q, axis=-1) >= 0).all()
+                assert np.array_equal(ent_q[..., 1], s["entropy_median"])
+                assert (ent_q >= 0).all() and (ent_q <= math.log(20)).all()  # sentences are < 20 tokens
+                assert (jsd_q >= 0).all() and (jsd_q <= LN2).all()
+    for t in aa.ATTENTION_TYPES:
+        # the vanilla transformer attends with its own scores; RealFormer from layer 2 on with the sum
+        assert other[t]["own_scores"]["max_abs_difference_from_used"] == [0.0, 0.0]
+        assert {k: v for k, v in other[t]["own_scores"].items() if k != "max_abs_difference_from_used"} == {
+            k: v for k, v in other[t].items() if k != "own_scores"}
+        difference = stats[t]["own_scores"]["max_abs_difference_from_used"]
+        assert difference[0] == 0.0 and difference[1] > 1e-3
 
     # the streamed medians and quartiles equal the exact ones of every real token (to the
     # histogram's stated bound, plus the 6 decimals of the JSON)
@@ -367,7 +540,8 @@ def test_script_compares_realformer_with_vanilla_transformer(trained, trained_va
         "models"][0]["tokens"]["encoder_self"]
 
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == sorted(f"{t}_{s}.png" for t in aa.ATTENTION_TYPES for s in aa.STATISTICS)
+    assert pngs == sorted(f"{t}_{s}{suffix}.png" for t in aa.ATTENTION_TYPES for s in aa.STATISTICS
+                          for suffix in ("", "_own_scores"))
     import matplotlib.image
     for name in pngs:
         image = matplotlib.image.imread(out / name)
@@ -379,7 +553,10 @@ def test_script_compares_realformer_with_vanilla_transformer(trained, trained_va
     assert "transformer (Post-LN)" in summary
     for t in aa.ATTENTION_TYPES:
         assert f"### {t}" in summary
-    assert "| layer | entropy A | entropy B | JSD A | JSD B |" in proc.stdout
+    assert ("| layer | entropy A | entropy B | own entropy A | own entropy B | JSD A | JSD B | own JSD A | "
+            "own JSD B |") in proc.stdout
+    assert "Control (own scores)" in summary
+    assert summary.count("B: own scores are the attention used in every layer") == 3
     assert "| 2 |" in proc.stdout
 
     run_info = json.loads((out / "run.json").read_text())
@@ -422,6 +599,8 @@ def test_interrupted_analysis_resumes_to_the_same_result(trained, data_bin, tmp_
     assert resumed.to_json() == whole.to_json()
     for t in whole.types:
         assert np.array_equal(resumed.types[t].entropy.counts, whole.types[t].entropy.counts)
+        assert np.array_equal(resumed.types[t].own_jsd.counts, whole.types[t].own_jsd.counts)
+        assert np.array_equal(resumed.types[t].own_difference, whole.types[t].own_difference)
         assert resumed.types[t].tokens == whole.types[t].tokens
 
     # other settings: the saved progress is not reused
@@ -471,9 +650,12 @@ def test_masked_lm_checkpoint_is_analysed_on_encoder_self_attention(trained_robe
     checkpoint, data, raw = trained_roberta
     result = aa.analyze_and_report(str(checkpoint), str(data), str(tmp_path), subset="test", log=lambda m: None)
     stats = json.loads((tmp_path / "attention_stats.json").read_text())
-    assert set(stats) == {"encoder_self", "checkpoint", "sentences"}
+    assert set(stats) == {"encoder_self", "statistic_sets", "checkpoint", "sentences"}
     assert np.array(stats["encoder_self"]["entropy_quartiles"]).shape == (2, 2, 3)
-    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["encoder_self_entropy.png", "encoder_self_jsd.png"]
+    assert stats["encoder_self"]["own_scores"]["max_abs_difference_from_used"] == [0.0, 0.0]  # fairseq's roberta
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        "encoder_self_entropy.png", "encoder_self_entropy_own_scores.png",
+        "encoder_self_jsd.png", "encoder_self_jsd_own_scores.png"]
     lines = (raw / "test.src").read_text().splitlines()
     # every token of every sentence (plus <s> and </s>) is one real query
     details = json.loads((tmp_path / "run.json").read_text())["models"][0]

@@ -2,10 +2,16 @@
 """Attention entropy and adjacent-layer JSD per layer and head, with the paper's violin
 plots (He et al. 2021, Figs 4-8), for a translation or encoder-only checkpoint.
 
+Beside the attention each layer uses, the same statistics of each layer's own scores
+softmax(mask(Q_n K_n^T / sqrt(d))) are measured: the control that separates what a
+RealFormer layer learns from what its running sum A_n = A_{n-1} + Q_n K_n^T / sqrt(d)
+contains by construction (for Post-LN, Pre-LN and a path's first layer, own = used).
+
 Writes into --out: attention_stats.json (and attention_stats_compare.json with
---compare), <type>_entropy.png and <type>_jsd.png for each attention type present
-(encoder_self, decoder_self, cross; both models side by side with --compare),
-summary.md (per-layer medians, also printed) and run.json (details). Re-running the
+--compare; the own-score statistics under "own_scores"), <type>_entropy.png and
+<type>_jsd.png for each attention type present (encoder_self, decoder_self, cross; both
+models side by side with --compare) and <type>_{entropy,jsd}_own_scores.png for the own
+scores, summary.md (per-layer medians of both, also printed) and run.json (details). Re-running the
 same command resumes an interrupted analysis or reuses a finished one (--force redoes it).
 
 Example (Post-LN on the left, RealFormer on the right, as in the paper):

@@ -12,6 +12,15 @@ recomputes attention.
 Shapes: ``[B, H, T, S]`` = batch, heads, queries, keys. All logarithms are natural:
 entropy lies in ``[0, ln S]``, JSD in ``[0, ln 2]``.
 
+Control (``own_scores``): a RealFormer layer n > 1 attends with the softmax of the running
+sum ``A_n = A_{n-1} + S_n`` (``S_n = Q_n K_n^T / sqrt(d)``), so its attention contains the
+layers below by construction, and adjacent layers look alike (and sums of logits look
+sharper) whatever was learned. Beside the attention each layer uses, the same statistics
+are computed on the layer's own scores, ``softmax(mask(S_n))`` with the layer's masks
+(``ResidualMultiheadAttention.need_own_weights``). For fairseq's own module (Post-LN,
+Pre-LN, a path set to ``none``) and RealFormer's first layer of a path, own scores are the
+attention used; ``max_abs_difference_from_used`` records per layer how far they differ.
+
 Statistics are streamed into fixed-width histograms (``BIN_WIDTH`` nats), so memory
 does not grow with the number of sentences; medians and quartiles read from them are
 within one bin width of the exact ones (exact min and max are kept too).
@@ -259,7 +268,11 @@ class Histogram:
 
 @dataclass
 class TypeStats:
-    """Streaming statistics of one attention type: series index = layer * heads + head."""
+    """Streaming statistics of one attention type: series index = layer * heads + head.
+
+    ``entropy``/``jsd``: of the attention each layer uses; ``own_entropy``/``own_jsd``: of
+    each layer's own scores (the control, see the module docstring); ``own_difference``:
+    per layer, the largest ``|own - used|`` probability over real query tokens."""
 
     layers: int
     heads: int
@@ -267,43 +280,73 @@ class TypeStats:
     jsd: Histogram = None
     tokens: int = 0
     padding_mass: float = 0.0
+    own_entropy: Histogram = None
+    own_jsd: Histogram = None
+    own_difference: np.ndarray = None
 
     def __post_init__(self):
-        if self.entropy is None:
-            self.entropy = Histogram(self.layers * self.heads)
-        if self.jsd is None:
-            self.jsd = Histogram(max(self.layers - 1, 0) * self.heads)
+        for name, rows in (("entropy", self.layers), ("jsd", max(self.layers - 1, 0))):
+            for attr in (name, f"own_{name}"):
+                if getattr(self, attr) is None:
+                    setattr(self, attr, Histogram(rows * self.heads))
+        if self.own_difference is None:
+            self.own_difference = np.zeros(self.layers)
+
+    def histogram(self, statistic: str, source: str = "used") -> Histogram:
+        """``statistic`` in STATISTICS; ``source``: ``used`` (the attention the layer
+        attends with) or ``own`` (its own scores)."""
+        return getattr(self, statistic if source == "used" else f"own_{statistic}")
 
     def begin_batch(self, query_real: Tensor, key_real: Tensor) -> None:
         self._stream = LayerStream(query_real, key_real)
-        self._pending = []  # (layer, entropy [H, N], jsd [H, N] or None), kept until end_batch
+        self._own_stream = LayerStream(query_real, key_real)
+        # (layer, {source: (entropy [H, N], jsd [H, N] or None)}, |own - used| max), kept until end_batch
+        self._pending = []
 
-    def add_layer(self, layer: int, weights: Tensor) -> None:
-        """One layer's weights ``[H, B, T, S]`` (layers arrive in order)."""
+    def add_layer(self, layer: int, weights: Tensor, own: Optional[Tensor] = None) -> None:
+        """One layer's weights ``[H, B, T, S]`` (layers arrive in order) and the
+        probabilities of its own scores (same shape; None: the weights are its own)."""
         stream = self._stream
         if layer != stream.layers:
             raise RuntimeError(f"attention layer {layer + 1} ran after layer {stream.layers}; expected in order")
-        ent, jsd = stream.add(weights)
-        self._pending.append((layer, ent.cpu().numpy(), None if jsd is None else jsd.cpu().numpy()))
+        own = weights if own is None else own
+        if own.shape != weights.shape:
+            raise RuntimeError(f"attention layer {layer + 1}: own-score probabilities of shape "
+                               f"{tuple(own.shape)}, weights {tuple(weights.shape)}")
+        values = {}
+        for source, s, w in (("used", stream, weights), ("own", self._own_stream, own)):
+            ent, jsd = s.add(w)
+            values[source] = (ent.cpu().numpy(), None if jsd is None else jsd.cpu().numpy())
+        difference = 0.0
+        if own is not weights and stream.tokens:
+            per_row = (weights.detach().float() - own.detach().float()).abs().amax(dim=(0, 3))  # [B, T]
+            difference = float(per_row[stream.rows.to(per_row.device)].max())
+        self._pending.append((layer, values, difference))
 
     def end_batch(self) -> None:
         """Fold the batch into the histograms: all of it or, if interrupted before, none."""
         stream, pending = self._stream, self._pending
-        self._stream, self._pending = None, []
-        if stream.layers != self.layers:
+        own_stream = self._own_stream
+        self._stream, self._own_stream, self._pending = None, None, []
+        if stream.layers != self.layers or own_stream.layers != self.layers:
             raise RuntimeError(f"{stream.layers} of {self.layers} attention layers ran in the forward pass")
-        for layer, ent, jsd in pending:
-            self.entropy.add_rows(slice(layer * self.heads, (layer + 1) * self.heads), ent)
-            if jsd is not None:
-                self.jsd.add_rows(slice((layer - 1) * self.heads, layer * self.heads), jsd)
+        for layer, values, difference in pending:
+            for source, (ent, jsd) in values.items():
+                self.histogram("entropy", source).add_rows(slice(layer * self.heads, (layer + 1) * self.heads), ent)
+                if jsd is not None:
+                    self.histogram("jsd", source).add_rows(slice((layer - 1) * self.heads, layer * self.heads), jsd)
+            self.own_difference[layer] = max(self.own_difference[layer], difference)
         self.tokens += stream.tokens
-        self.padding_mass = max(self.padding_mass, stream.padding_mass)
+        self.padding_mass = max(self.padding_mass, stream.padding_mass, own_stream.padding_mass)
 
-    def add(self, probs: Sequence[Tensor], query_real: Tensor, key_real: Tensor) -> None:
-        """One batch, all layers at once (``[B, H, T, S]`` per layer)."""
+    def add(self, probs: Sequence[Tensor], query_real: Tensor, key_real: Tensor,
+            own_probs: Optional[Sequence[Tensor]] = None) -> None:
+        """One batch, all layers at once (``[B, H, T, S]`` per layer; ``own_probs``: of
+        the layers' own scores, None when they are the weights)."""
         self.begin_batch(query_real, key_real)
         for layer, p in enumerate(probs):
-            self.add_layer(layer, p.transpose(0, 1))
+            own = None if own_probs is None else own_probs[layer].transpose(0, 1)
+            self.add_layer(layer, p.transpose(0, 1), own)
         self.end_batch()
 
     def grid(self, statistic: str, values: np.ndarray) -> List[List]:
@@ -313,13 +356,20 @@ class TypeStats:
 
     def to_json(self) -> Dict[str, list]:
         """``<stat>_median``: ``[[per head] per layer]`` (JSD: per adjacent pair, the
-        first row being layers 1-2); ``<stat>_quartiles``: ``[q1, median, q3]`` per head."""
-        out = {}
-        for stat in STATISTICS:
-            hist = getattr(self, stat)
-            q = np.round(hist.quantiles(QUARTILES), 6)
-            out[f"{stat}_median"] = _none_for_nan(self.grid(stat, q[:, 1]))
-            out[f"{stat}_quartiles"] = _none_for_nan(self.grid(stat, q))
+        first row being layers 1-2); ``<stat>_quartiles``: ``[q1, median, q3]`` per head;
+        all of the attention the layers use. ``own_scores``: the same keys for the
+        layers' own scores, and ``max_abs_difference_from_used`` per layer."""
+        def statistics(source):
+            out = {}
+            for stat in STATISTICS:
+                q = np.round(self.histogram(stat, source).quantiles(QUARTILES), 6)
+                out[f"{stat}_median"] = _none_for_nan(self.grid(stat, q[:, 1]))
+                out[f"{stat}_quartiles"] = _none_for_nan(self.grid(stat, q))
+            return out
+
+        out = statistics("used")
+        out["own_scores"] = statistics("own")
+        out["own_scores"]["max_abs_difference_from_used"] = [round(float(x), 6) for x in self.own_difference]
         return out
 
 
@@ -402,11 +452,28 @@ def _request_head_weights(module, args, kwargs):
     kwargs["need_head_weights"] = True
     if kwargs.get("incremental_state") is None and not getattr(module, "residual", False):
         kwargs["incremental_state"] = {}
+    if getattr(module, "residual", False):
+        module.own_weights = None
     return (), kwargs
 
 
-def _read_head_weights(record: list, layer: int, name: str, consumer, module, args, output):
-    """Forward hook: the per-head weights ``[H, B, T, S]`` the module returned."""
+def _own_score_weights(module, weights: Tensor) -> Tensor:
+    """The probabilities of the module's own scores, ``[H, B, T, S]``: what a residual
+    module left in ``own_weights`` (see ``need_own_weights``); for any other attention
+    module (fairseq's, or ours off the residual path) the weights it attended with,
+    which are its own scores' softmax."""
+    if not getattr(module, "residual", False):
+        return weights
+    own, module.own_weights = getattr(module, "own_weights", None), None
+    if own is None:
+        raise RuntimeError(f"{type(module).__name__} on a residual path returned no own-score probabilities "
+                           "(need_own_weights)")
+    return own
+
+
+def _read_head_weights(record: list, own_record: list, layer: int, name: str, consumer, module, args, output):
+    """Forward hook: the per-head weights ``[H, B, T, S]`` the module returned, and the
+    probabilities of its own scores."""
     weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
     if weights is None or weights.dim() != 4 or weights.size(0) != module.num_heads:
         shape = None if weights is None else tuple(weights.shape)
@@ -414,39 +481,56 @@ def _read_head_weights(record: list, layer: int, name: str, consumer, module, ar
             f"{name} layer {layer + 1}: {type(module).__name__} returned weights of shape {shape}, "
             "expected per-head [heads, batch, tgt_len, src_len]"
         )
+    weights = weights.detach()
+    own = _own_score_weights(module, weights)
     if consumer is not None:
-        consumer(name, layer, weights.detach())
+        consumer(name, layer, weights, own)
         return
     if record[layer] is not None:
         raise RuntimeError(f"{name} layer {layer + 1} ran twice in one forward pass")
-    record[layer] = weights.detach().transpose(0, 1).float()  # [B, H, T, S]
+    record[layer] = weights.transpose(0, 1).float()  # [B, H, T, S]
+    own_record[layer] = own.transpose(0, 1).float()
 
 
 @contextlib.contextmanager
-def recording_attention(model, consumer: Optional[Callable[[str, int, Tensor], None]] = None):
+def recording_attention(model, consumer: Optional[Callable[[str, int, Tensor, Tensor], None]] = None):
     """Within the block, every forward of ``model`` hands each attention module's
-    probabilities to ``consumer(type, layer, weights [H, B, T, S])`` as the layer runs
-    (nothing is kept), or, without a consumer, fills ``record[type][layer]`` with them as
+    probabilities to ``consumer(type, layer, weights, own)`` as the layer runs (both
+    ``[H, B, T, S]``; ``own``: of the layer's own scores; nothing is kept), or, without a
+    consumer, fills ``record[type][layer]`` and ``record.own[type][layer]`` with them as
     ``[B, H, T, S]`` (see :func:`attention_probabilities`)."""
     modules = attention_modules(model)
     record = _Record({t: [None] * len(ms) for t, ms in modules.items()})
-    handles = []
+    handles, flagged = [], []
     try:
         for t, ms in modules.items():
             for i, m in enumerate(ms):
+                if hasattr(m, "need_own_weights"):
+                    m.need_own_weights = True
+                    flagged.append(m)
                 handles.append(m.register_forward_pre_hook(_request_head_weights, with_kwargs=True))
                 handles.append(m.register_forward_hook(
-                    functools.partial(_read_head_weights, record[t], i, t, consumer)))
+                    functools.partial(_read_head_weights, record[t], record.own[t], i, t, consumer)))
         yield record
     finally:
         for h in handles:
             h.remove()
+        for m in flagged:
+            m.need_own_weights, m.own_weights = False, None
 
 
 class _Record(dict):
+    """``{type: [B, H, T, S] per layer}`` of the attention used; ``own``: the same for
+    the layers' own scores."""
+
+    def __init__(self, layers):
+        super().__init__(layers)
+        self.own = {t: [None] * len(ls) for t, ls in layers.items()}
+
     def clear_batch(self):
-        for layers in self.values():
-            layers[:] = [None] * len(layers)
+        for record in (self, self.own):
+            for layers in record.values():
+                layers[:] = [None] * len(layers)
 
     def complete(self) -> Dict[str, List[Tensor]]:
         for t, layers in self.items():
@@ -454,6 +538,10 @@ class _Record(dict):
             if missing:
                 raise RuntimeError(f"{t}: layers {missing} did not run in the forward pass")
         return {t: list(layers) for t, layers in self.items()}
+
+    def complete_own(self) -> Dict[str, List[Tensor]]:
+        self.complete()
+        return {t: list(layers) for t, layers in self.own.items()}
 
 
 def model_inputs(model, sample, pads) -> Tuple[dict, Dict[str, Tuple[Tensor, Tensor]]]:
@@ -480,14 +568,15 @@ def forward(model, net_input) -> None:
         model(**net_input, features_only=True)
 
 
-def attention_probabilities(model, record, net_input) -> Dict[str, List[Tensor]]:
+def attention_probabilities(model, record, net_input, own_scores: bool = False):
     """One forward pass inside :func:`recording_attention` (without a consumer);
-    ``{type: [B, H, T, S] per layer}``."""
+    ``{type: [B, H, T, S] per layer}`` of the attention used, or with ``own_scores`` the
+    pair ``(used, own)``, ``own`` of the layers' own scores."""
     record.clear_batch()
     forward(model, net_input)
-    probs = record.complete()
+    probs, own = record.complete(), record.complete_own()
     record.clear_batch()
-    return probs
+    return (probs, own) if own_scores else probs
 
 
 def restore_masked_tokens(sample, pad: int) -> bool:
@@ -503,6 +592,16 @@ def restore_masked_tokens(sample, pad: int) -> bool:
 
 
 # --------------------------------------------------------------------------- one checkpoint
+
+# What the two sets of statistics in attention_stats.json are (written into it).
+STATISTIC_SETS = {
+    "used": "<type>.entropy_*, <type>.jsd_*: the attention each layer attends with (RealFormer: "
+            "softmax(mask(A_n / c_n)) of the running sum A_n = A_{n-1} + Q_n K_n^T / sqrt(d))",
+    "own_scores": "<type>.own_scores.entropy_*, .jsd_*: the same statistics of each layer's own scores, "
+                  "softmax(mask(Q_n K_n^T / sqrt(d))) with the layer's masks and no residual sum (the control); "
+                  ".max_abs_difference_from_used: per layer, the largest |own - used| probability",
+}
+
 
 @dataclass
 class Analysis:
@@ -524,6 +623,7 @@ class Analysis:
 
     def to_json(self) -> dict:
         out = {t: s.to_json() for t, s in self.types.items()}
+        out["statistic_sets"] = STATISTIC_SETS
         out["checkpoint"] = self.checkpoint
         out["sentences"] = self.sentences
         return out
@@ -545,8 +645,9 @@ class Analysis:
     def save(self, path: str) -> None:
         arrays = {}
         for t, s in self.types.items():
-            arrays.update(s.entropy.state(f"{t}.entropy"))
-            arrays.update(s.jsd.state(f"{t}.jsd"))
+            for attr in ("entropy", "jsd", "own_entropy", "own_jsd"):
+                arrays.update(getattr(s, attr).state(f"{t}.{attr}"))
+            arrays[f"{t}.own_difference"] = s.own_difference
         meta = {
             "settings": self.settings, "batches_done": self.batches_done, "total_batches": self.total_batches,
             "sentences": self.sentences, "skipped": self.skipped, "seconds": self.seconds,
@@ -572,8 +673,9 @@ class Analysis:
                 types = {}
                 for t, (layers, heads, tokens, pad) in meta["types"].items():
                     s = TypeStats(layers, heads, tokens=tokens, padding_mass=pad)
-                    s.entropy.load(arrays, f"{t}.entropy")
-                    s.jsd.load(arrays, f"{t}.jsd")
+                    for attr in ("entropy", "jsd", "own_entropy", "own_jsd"):
+                        getattr(s, attr).load(arrays, f"{t}.{attr}")
+                    s.own_difference = np.array(arrays[f"{t}.own_difference"])
                     types[t] = s
         except (OSError, ValueError, KeyError):
             return False
@@ -704,8 +806,8 @@ def analyze_checkpoint(
     start, last_save, last_log = time.time(), time.time(), 0.0
     elapsed_before = analysis.seconds
 
-    def consume(attention_type, layer, weights):
-        analysis.types[attention_type].add_layer(layer, weights)
+    def consume(attention_type, layer, weights, own):
+        analysis.types[attention_type].add_layer(layer, weights, own)
 
     try:
         with recording_attention(model, consume):
@@ -756,10 +858,12 @@ def _row_names(statistic: str, rows: int) -> List[str]:
     return [f"layers {i + 1}-{i + 2}" for i in range(rows)]
 
 
-def plot_violins(analyses: Sequence[Analysis], attention_type: str, statistic: str, path: str) -> bool:
+def plot_violins(analyses: Sequence[Analysis], attention_type: str, statistic: str, path: str,
+                 source: str = "used") -> bool:
     """One figure: a row per layer (JSD: per adjacent pair), a column per model, heads
-    sorted by median, violins coloured by the paper's thresholds. False if no model has
-    this attention type (with more than one layer, for JSD)."""
+    sorted by median, violins coloured by the paper's thresholds. ``source``: ``used``
+    (the attention the layers attend with) or ``own`` (their own scores, the control).
+    False if no model has this attention type (with more than one layer, for JSD)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -774,13 +878,14 @@ def plot_violins(analyses: Sequence[Analysis], attention_type: str, statistic: s
     fig = Figure(figsize=(max(6.0, cols * max(3.4, 0.42 * heads + 1.4)), rows * 1.35 + 1.6))
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
-    ymax = LN2 if statistic == "jsd" else max(
-        (float(np.nanmax(getattr(s, statistic).max)) for s in present if s is not None and s.tokens), default=1.0
+    ymax = LN2 if statistic == "jsd" else max(  # the same scale for used and own
+        (float(np.nanmax(s.histogram(statistic, src).max)) for s in present if s is not None and s.tokens
+         for src in ("used", "own")), default=1.0
     )
     names = _row_names(statistic, rows)
     for c, (analysis, stats) in enumerate(zip(analyses, present)):
         axes[0, c].set_title("\n".join(textwrap.wrap(analysis.label, 44)), fontsize=8)
-        hist = getattr(stats, statistic) if stats is not None else None
+        hist = stats.histogram(statistic, source) if stats is not None else None
         q = hist.quantiles(QUARTILES) if hist is not None else None
         for r in range(rows):
             ax = axes[r, c]
@@ -818,6 +923,8 @@ def plot_violins(analyses: Sequence[Analysis], attention_type: str, statistic: s
             ax.set_xticklabels([f"h{s - r * stats.heads + 1}" for s in order], fontsize=6)
     low, high = THRESHOLDS[statistic]
     what = "attention entropy (nats)" if statistic == "entropy" else "JSD to the same head one layer below (nats)"
+    if source == "own":
+        what += ",\nof each layer's own scores softmax(mask(Q_n K_n^T / sqrt(d))) (control: no residual sum)"
     fig.suptitle(f"{attention_type}: {what}\nheads sorted by median (thick line); quartiles dashed", fontsize=9)
     fig.legend(
         handles=[Patch(color=COLOURS["red"], label=f"median > {high}"),
@@ -830,29 +937,52 @@ def plot_violins(analyses: Sequence[Analysis], attention_type: str, statistic: s
     return True
 
 
+SUMMARY_KEYS = ("entropy_median", "jsd_median", "own_entropy_median", "own_jsd_median")
+
+
 def layer_summary(analyses: Sequence[Analysis]) -> Dict[str, List[dict]]:
     """Per type and layer: median entropy over all heads and tokens of the layer, and
-    median JSD between the layer and the one below (pooled over heads), per model."""
+    median JSD between the layer and the one below (pooled over heads), per model; of
+    the attention used (``entropy_median``, ``jsd_median``) and of the layers' own scores
+    (``own_entropy_median``, ``own_jsd_median``), and ``own_max_abs_difference``."""
     out = {}
     types = [t for t in ATTENTION_TYPES if any(t in a.types for a in analyses)]
     for t in types:
         rows = []
         layers = max(a.types[t].layers for a in analyses if t in a.types)
         for layer in range(layers):
-            row = {"layer": layer + 1, "entropy_median": [], "jsd_median": []}
+            row = {"layer": layer + 1, **{k: [] for k in SUMMARY_KEYS}, "own_max_abs_difference": []}
             for a in analyses:
                 s = a.types.get(t)
-                ent = jsd = None
+                values = dict.fromkeys(SUMMARY_KEYS)
+                difference = None
                 if s is not None and layer < s.layers:
-                    ent = float(s.entropy.pooled(range(layer * s.heads, (layer + 1) * s.heads)).median()[0])
-                    if layer >= 1:
-                        pair = layer - 1
-                        jsd = float(s.jsd.pooled(range(pair * s.heads, (pair + 1) * s.heads)).median()[0])
-                row["entropy_median"].append(_none_for_nan(ent))
-                row["jsd_median"].append(_none_for_nan(jsd))
+                    difference = round(float(s.own_difference[layer]), 6)
+                    for source, prefix in (("used", ""), ("own", "own_")):
+                        ent = s.histogram("entropy", source).pooled(range(layer * s.heads, (layer + 1) * s.heads))
+                        values[f"{prefix}entropy_median"] = float(ent.median()[0])
+                        if layer >= 1:
+                            pair = range((layer - 1) * s.heads, layer * s.heads)
+                            values[f"{prefix}jsd_median"] = float(s.histogram("jsd", source).pooled(pair).median()[0])
+                for k in SUMMARY_KEYS:
+                    row[k].append(_none_for_nan(values[k]))
+                row["own_max_abs_difference"].append(difference)
             rows.append(row)
         out[t] = rows
     return out
+
+
+CONTROL_NOTE = (
+    "Control (own scores). A RealFormer layer n > 1 attends with softmax(mask(A_n / c_n)), "
+    "A_n = A_{n-1} + S_n, S_n = Q_n K_n^T / sqrt(d): its attention contains the layers below by "
+    "construction, so adjacent layers are partly alike, and summed logits are sharper, whatever was learned. "
+    "The `own` columns are the same statistics of softmax(mask(S_n)), each layer's own scores with the "
+    "layer's masks and no residual sum. A low own-score JSD (or entropy) is learned: the layers' own "
+    "queries and keys agree (or are sharp); what the used columns show beyond the own ones is "
+    "contributed by the residual sum. For fairseq's own attention (Post-LN, Pre-LN, a path set to none) "
+    "and for the first layer of a RealFormer path the own scores are the attention used "
+    "(`own_max_abs_difference` = 0 in run.json), so there the control equals the measurement."
+)
 
 
 def summary_markdown(analyses: Sequence[Analysis], summary: Dict[str, List[dict]]) -> str:
@@ -861,21 +991,27 @@ def summary_markdown(analyses: Sequence[Analysis], summary: Dict[str, List[dict]
 
     lines = ["Median attention entropy of each layer and median JSD between the layer and the one "
              "below (same head), over all heads and real query tokens; natural log "
-             f"(medians within {BIN_WIDTH} nats).", ""]
+             f"(medians within {BIN_WIDTH} nats). `entropy`, `JSD`: the attention each layer uses; "
+             "`own entropy`, `own JSD`: the same of each layer's own scores (the control below).", ""]
+    names = list("AB") if len(analyses) > 1 else [""]
     for i, a in enumerate(analyses):
-        lines.append(f"- {'AB'[i] if len(analyses) > 1 else 'model'}: {a.label}, `{a.checkpoint}`, "
-                     f"{a.sentences} sentences")
+        lines.append(f"- {names[i] or 'model'}: {a.label}, `{a.checkpoint}`, {a.sentences} sentences")
+    lines += ["", CONTROL_NOTE]
     for t, rows in summary.items():
         lines += ["", f"### {t}", ""]
-        if len(analyses) > 1:
-            head = ["layer"] + [f"entropy {x}" for x in "AB"] + [f"JSD {x}" for x in "AB"]
-        else:
-            head = ["layer", "entropy", "JSD"]
+        head = ["layer"] + [f"{what} {x}".strip() for what in ("entropy", "own entropy", "JSD", "own JSD")
+                            for x in names]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + " --- |" * len(head))
         for row in rows:
-            cells = [str(row["layer"])] + [fmt(v) for v in row["entropy_median"]] + [fmt(v) for v in row["jsd_median"]]
+            cells = [str(row["layer"])] + [fmt(v) for k in ("entropy_median", "own_entropy_median", "jsd_median",
+                                                              "own_jsd_median") for v in row[k]]
             lines.append("| " + " | ".join(cells) + " |")
+        same = [names[i] or "The model" for i in range(len(analyses))
+                if all(r["own_max_abs_difference"][i] in (0.0, None) for r in rows)]
+        if same:
+            lines += ["", f"{', '.join(same)}: own scores are the attention used in every layer "
+                      "(largest difference 0), so own = used there."]
     return "\n".join(lines) + "\n"
 
 
@@ -909,7 +1045,8 @@ def analyze_and_report(
     """Analyse ``path`` (and ``compare``) and write into ``out``: ``attention_stats.json``
     (``attention_stats_compare.json``), one PNG per attention type and statistic
     (``<type>_entropy.png``, ``<type>_jsd.png``, both models side by side with
-    ``compare``), ``summary.md`` and ``run.json``. Progress lives in
+    ``compare``; ``<type>_entropy_own_scores.png``, ``<type>_jsd_own_scores.png`` the same
+    for the layers' own scores), ``summary.md`` and ``run.json``. Progress lives in
     ``out/state_*.npz``: re-running resumes (``force`` starts over). Returns the paths
     written and the per-layer summary."""
     os.makedirs(out, exist_ok=True)
@@ -935,9 +1072,10 @@ def analyze_and_report(
         written["json"].append(os.path.join(out, name))
     for t in ATTENTION_TYPES:
         for stat in STATISTICS:
-            png = os.path.join(out, f"{t}_{stat}.png")
-            if plot_violins(analyses, t, stat, png):
-                written["png"].append(png)
+            for source, suffix in (("used", ""), ("own", "_own_scores")):
+                png = os.path.join(out, f"{t}_{stat}{suffix}.png")
+                if plot_violins(analyses, t, stat, png, source):
+                    written["png"].append(png)
     summary = layer_summary(analyses)
     markdown = summary_markdown(analyses, summary)
     with open(os.path.join(out, "summary.md"), "w") as f:

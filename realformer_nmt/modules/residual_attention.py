@@ -362,6 +362,11 @@ class ResidualMultiheadAttention(MultiheadAttention):
         self.residual = residual
         self.mode = mode
         self.kernel = kernel
+        # Analysis only (experiments/attention_analysis.py): with ``need_own_weights`` set, a
+        # call that returns weights (materialized) also leaves this layer's own probabilities
+        # softmax(mask(Q_n K_n^T / sqrt(d))), [H, B, T, S], in ``own_weights``.
+        self.need_own_weights = False
+        self.own_weights: Optional[Tensor] = None
         use_fairseq_dropout_names(self, "MultiheadAttention")
 
     def extra_repr(self) -> str:
@@ -466,6 +471,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         # The running sum is kept in float32: 48 layers of fp16 logits can overflow.
         scores = logits.view(bsz, self.num_heads, tgt_len, src_len).float()
         terms = 1
+        own = scores.clone() if self.need_own_weights else None  # before the residual is added in place
         if prev_state is not None:
             prev = prev_state.running_sum()
             if prev.shape != scores.shape:
@@ -477,6 +483,8 @@ class ResidualMultiheadAttention(MultiheadAttention):
             scores = scores.add_(prev)
             terms += prev_state.terms
         probs = self._masked_softmax(scores, key_padding_mask, attn_mask, self._divisor(terms))
+        if own is not None:  # the same masks, no running sum, no divisor
+            self.own_weights = self._masked_softmax(own, key_padding_mask, attn_mask, 1.0).detach().transpose(1, 0)
         output = self._attend(probs.type_as(v), v, tgt_len, bsz)
 
         weights: Optional[Tensor] = None
