@@ -1,5 +1,5 @@
 """The backbone comparison harness (scripts/compare_backbones.py,
-realformer_nmt/experiments/compare.py and fairseq_runs.py), through the real fairseq CLIs.
+realformer_nmt/experiments/translation/ and fairseq_runs.py), through the real fairseq CLIs.
 
 Tiny models and a few updates only: these prove the plumbing (JSON/MD/PNG, sacreBLEU
 in corpus order, resume, divergence handling, --eval-bleu checkpoint selection), not

@@ -17,6 +17,7 @@ from conftest import REPO, cli_env
 from test_compare_backbones import m30k_slice, tiny_recipe  # noqa: F401  (fixture)
 
 from realformer_nmt.experiments import compare, fairseq_runs
+from realformer_nmt.experiments.translation import depth as depth_study
 
 SCRIPT = str(REPO / "scripts" / "compare_backbones.py")
 TINY_SIZE_CLI = ["--embed-dim", "32", "--ffn-dim", "64", "--heads", "2", "--max-update", "4",
@@ -85,7 +86,7 @@ def test_depth_stress_marks_runs_against_the_best_run_of_the_same_seed(m30k_slic
             assert recipe.layers == key[0] and run_dir.endswith(f"L{key[0]}/{backbone}/seed{seed}")
         return {k: _fake_run(k[2], v, "diverged" if v is None else "finished") for k, v in losses.items()}
 
-    monkeypatch.setattr(compare, "_train_all", fake_train_all)
+    monkeypatch.setattr(depth_study, "train_all", fake_train_all)
     summary = compare.depth_stress(str(m30k_slice), str(tmp_path / "d"), tiny_recipe(), depths=(2, 1),
                                    backbones=("postln", "realformer"), seeds=(1, 2), margin=1.0,
                                    results_path=str(tmp_path / "depth.json"), log=_quiet)

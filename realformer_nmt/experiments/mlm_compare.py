@@ -23,7 +23,12 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import ConfigError, DataError
 from . import fairseq_runs
-from .compare import _COLORS, BACKBONES, USER_DIR, _fmt, _pyplot, _seconds, machine_description, parallel_note
+from .translation.recipe import BACKBONES, USER_DIR
+from .translation.report import COLORS as _COLORS
+from .translation.report import fmt as _fmt
+from .translation.report import pyplot as _pyplot
+from .translation.report import seconds as _seconds
+from .translation.runs import machine_description, parallel_note
 
 BACKBONE_DESCRIPTIONS = {
     "postln": "fairseq `roberta` (Post-LN BERT)",
