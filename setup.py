@@ -14,6 +14,7 @@ setup(
         "fairseq-fixed==0.12.3.1",
         "sentencepiece",
         "sacrebleu>=2.0",
+        "scipy",  # Student t intervals of the seed-paired differences
     ],
     extras_require={"test": ["pytest", "matplotlib", "ruff==0.17.6"], "plot": ["matplotlib"],
                     # optional: convert_google_checkpoint.py --reader tensorflow (TensorFlow's own reader)

@@ -6,10 +6,24 @@ Pre-LN) on the same sentences (sacreBLEU's paired bootstrap, per seed); writes
 
 import os
 
+from ...errors import ConfigError
 from .recipe import BACKBONES, MAIN_ORDER, corpus_info, test_references
-from .report import COLORS, bleu_cell, fmt, paired_cell, pyplot, recipe_lines, seconds, write_outputs
+from .report import (
+    COLORS,
+    SEED_PAIRED_NOTE,
+    bleu_cell,
+    fmt,
+    paired_cell,
+    pyplot,
+    recipe_lines,
+    seconds,
+    seed_paired_cell,
+    spread,
+    write_outputs,
+)
 from .runs import (
     check_backbones,
+    done_and_missing,
     join_notes,
     machine_description,
     parallel_note,
@@ -18,40 +32,49 @@ from .runs import (
     save_hypotheses,
     train_all,
 )
-from .stats import PAIRED_TEST_NOTE, paired_vs, summarize_backbone
+from .stats import PAIRED_TEST_NOTE, add_seed_paired, paired_vs, summarize_backbone
 
 
 def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="sum", references=None,
             results_path=None, machine_note="", threads=None, log=print, title=None, jobs=1,
-            bootstrap_samples=1000):
+            bootstrap_samples=1000, report_only=False):
     """Train, decode and score every backbone for every seed; write JSON, MD and PNG.
 
     ``results_path`` is the path of the JSON file (default ``out/comparison.json``); the
     table and the plot go next to it with ``.md`` and ``.png``, and the hypotheses of every
     run in ``<stem>_hyps/``. With ``postln`` among the backbones, every other backbone gets
-    ``paired_vs_postln``: sacreBLEU's paired bootstrap test against Post-LN of the same
-    seed. Returns the summary dict.
+    ``paired_vs_postln`` (sacreBLEU's paired bootstrap test against Post-LN of the same
+    seed) and ``seed_paired_vs_postln`` (the BLEU differences seed by seed); with ``preln``,
+    ``seed_paired_vs_preln`` (and ``paired_vs_preln`` for ``realformer_preln``).
+    ``report_only`` trains nothing and reports the runs finished so far (``runs`` in the
+    JSON lists the done and the missing ones). Returns the summary dict.
     """
     check_backbones(backbones)
     references = test_references(data, references)
     # seeds outermost: an early stop still leaves comparable backbones
     specs = [((b, seed), b, seed, os.path.join(out, b, f"seed{seed}"), None, None)
              for seed in seeds for b in backbones]
-    runs = train_all(specs, data, references, recipe, residual_mode, threads, jobs, log, "compare")
-    results = {b: [runs[(b, seed)] for seed in seeds] for b in backbones}
-    summary = {b: summarize_backbone(results[b], b, residual_mode) for b in backbones}
+    runs = train_all(specs, data, references, recipe, residual_mode, threads, jobs, log, "compare", report_only)
+    results = {b: [runs[(b, seed)] for seed in seeds if runs[(b, seed)] is not None] for b in backbones}
+    results = {b: rs for b, rs in results.items() if rs}
+    if not results:
+        raise ConfigError(f"--report-only: no run has finished in {out} yet")
+    summary = {b: summarize_backbone(rs, b, residual_mode) for b, rs in results.items()}
     refs = read_lines(references)
     for reference in ("postln", "preln"):
-        if reference not in backbones:
+        if reference not in results:
             continue
-        for b in backbones:
+        for b in results:
             if b != reference and (reference == "postln" or b == "realformer_preln"):
                 summary[b][f"paired_vs_{reference}"] = paired_vs(results[reference], results[b], refs,
                                                                  bootstrap_samples)
+    add_seed_paired(summary)
     signatures = {r["signature"] for rs in results.values() for r in rs if r["signature"]}
     summary.update(
         title=title or corpus_info(data)["title"],
         recipe=recipe_record(recipe, data, references, backbones, residual_mode, seeds),
+        progress=done_and_missing({k: runs[k] for k in sorted(runs, key=lambda k: (backbones.index(k[0]), k[1]))},
+                              ("backbone", "seed")),
         sacrebleu_signature=" / ".join(sorted(signatures)) or None,
         paired_test=PAIRED_TEST_NOTE.format(samples=bootstrap_samples),
         machine=machine_description(join_notes(parallel_note(jobs, threads), machine_note)),
@@ -64,32 +87,63 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
     return summary
 
 
+def not_run_lines(summary):
+    """The Markdown note listing the runs a partial report leaves out (none: no lines)."""
+    missing = (summary.get("progress") or {}).get("missing") or []
+    if not missing:
+        return []
+    names = ", ".join(" ".join(f"{k} {v:g}" if k == "lr" else f"{v}" if k == "backbone" else f"{k} {v}"
+                               for k, v in m.items()) for m in missing)
+    return [f"**Partial results**: {len(missing)} of {len(missing) + len(summary['progress']['done'])} runs not run "
+            f"or not finished yet, left out of every number here: {names}.", ""]
+
+
+def seeds_phrase(n_seeds, seeds):
+    """How a table's spread over seeds is given."""
+    if n_seeds == 1:
+        return "**one seed**, so differences of a few tenths are within seed noise."
+    if n_seeds == 2:
+        return f"mean and range over 2 seeds (seeds {seeds})."
+    return f"mean ± standard deviation over {n_seeds} seeds (seeds {seeds})."
+
+
+def seed_paired_columns(entries):
+    """The seed-paired reference columns a table has: ``[(key, header)]``."""
+    return [(f"seed_paired_vs_{ref}", f"vs {name}, seed-paired ΔBLEU")
+            for ref, name in (("postln", "Post-LN"), ("preln", "Pre-LN"))
+            if any(e and e.get(f"seed_paired_vs_{ref}") for e in entries)]
+
+
 def comparison_markdown(summary):
     backbones = [b for b in MAIN_ORDER if b in summary]
-    n_seeds = len(summary[backbones[0]]["seeds"])
+    n_seeds = max(len(summary[b]["seeds"]) for b in backbones)
+    seeds = max((summary[b]["seeds"] for b in backbones), key=len)
     settings = summary["recipe"]["settings"]
     paired = any(summary[b].get("paired_vs_postln") for b in backbones)
     paired_pre = any(summary[b].get("paired_vs_preln") for b in backbones)
-    lines = [f"# {summary['title']}: Post-LN vs Pre-LN vs RealFormer", "",
+    seed_paired = seed_paired_columns([summary[b] for b in backbones])
+    lines = [f"# {summary['title']}: Post-LN vs Pre-LN vs RealFormer", ""] + not_run_lines(summary) + [
              f"Test BLEU (sacreBLEU, detokenized, cased) of the best checkpoint by "
              f"{'validation BLEU' if settings['select_by_bleu'] else 'validation loss'}, beam {settings['beam']}; "
-             + ("**one seed**, so differences of a few tenths are within seed noise." if n_seeds == 1
-                else f"mean ± standard deviation over {n_seeds} seeds (seeds {summary[backbones[0]]['seeds']})."),
-             "",
+             + seeds_phrase(n_seeds, seeds), "",
              "| backbone | test BLEU | BLEU per seed | best valid loss (mean) | valid loss per seed | "
+             + "".join(f"{header} | " for _, header in seed_paired)
              + ("vs Post-LN per seed: ΔBLEU (paired bootstrap p) | " if paired else "")
              + ("vs Pre-LN per seed: ΔBLEU (paired bootstrap p) | " if paired_pre else "")
              + "updates | train time per seed |",
-             "| --- | --- | --- | --- | --- | " + ("--- | " if paired else "") + ("--- | " if paired_pre else "")
-             + "--- | --- |"]
+             "| --- | --- | --- | --- | --- | " + "--- | " * len(seed_paired) + ("--- | " if paired else "")
+             + ("--- | " if paired_pre else "") + "--- | --- |"]
     for b in backbones:
         s = summary[b]
         lines.append(
-            f"| {b} | {bleu_cell(s, n_seeds)} | {', '.join(fmt(x) for x in s['bleu_per_seed'])} "
+            f"| {b} | {bleu_cell(s)} | {', '.join(fmt(x) for x in s['bleu_per_seed'])} "
             f"| {fmt(s['valid_loss'], 3)} | {', '.join(fmt(x, 3) for x in s['valid_loss_per_seed'])} | "
+            + "".join(f"{seed_paired_cell(s, key)} | " for key, _ in seed_paired)
             + (f"{paired_cell(s)} | " if paired else "")
             + (f"{paired_cell(s, 'paired_vs_preln')} | " if paired_pre else "")
             + f"{s['updates']} | {', '.join(seconds(t) for t in s['train_seconds_per_seed'])} |")
+    if seed_paired:
+        lines += ["", SEED_PAIRED_NOTE + "."]
     lines += ["", "Backbones (the only flags that differ):", ""]
     for b in backbones:
         lines.append(f"- `{b}`: {summary[b]['description']}: `{' '.join(summary[b]['flags'])}`")
@@ -111,8 +165,7 @@ def plot_comparison(summary, path):
             if not keep:
                 continue
             xs, ys = [s["curve"][i][0] for i in keep], [s["curve"][i][1] for i in keep]
-            label = f"{b} (test BLEU {fmt(s['bleu'])}" + (f" ± {s['bleu_std']:.2f})" if s["bleu_std"] is not None
-                                                           else ", 1 seed)")
+            label = f"{b} (test BLEU {spread(s['bleu'], s['bleu_std'], s['bleu_per_seed'])})"
             ax.plot(xs, ys, marker="o", markersize=3, color=COLORS[b], label=label)
             if len(s["seeds"]) > 1:
                 band = [s["curve_min_max"][i] for i in keep]

@@ -7,21 +7,31 @@ from dataclasses import replace
 
 from ...errors import ConfigError
 from .recipe import DEPTH_BACKBONES, corpus_info, test_references
-from .report import COLORS, bleu_cell, curve_with_band, fmt, pyplot, recipe_lines, write_outputs
+from .report import (
+    COLORS,
+    SEED_PAIRED_NOTE,
+    curve_with_band,
+    fmt,
+    outcome_table,
+    pyplot,
+    recipe_lines,
+    spread_word,
+    write_outputs,
+)
 from .runs import check_backbones, join_notes, machine_description, parallel_note, recipe_record, train_all
-from .stats import classify, summarize_backbone
+from .stats import add_seed_paired, best_loss_per_seed, outcome_entry, outcome_rule
+
+DEPTH_REFERENCE = "the lowest best valid loss of all runs (every depth and backbone) of the same seed"
 
 
 def depth_stress(data, out, recipe, depths=(6, 12), backbones=DEPTH_BACKBONES, seeds=(1, 2), margin=1.0,
                  residual_mode="sum", references=None, results_path=None, machine_note="", threads=None,
                  log=print, title=None, jobs=1):
     """Train every backbone at ``L+L`` layers for every L in ``depths`` (``recipe.layers`` is
-    replaced, nothing else changes) and mark each run ``ok`` / ``stalled`` / ``diverged``.
-
-    The lr sweep's rule, with the best run of the same seed as the reference: ``diverged``
-    when fairseq stopped on NaN/inf or no validation loss is finite; ``stalled`` when its
-    best valid loss is more than ``margin`` above the lowest best valid loss among all runs
-    (every depth and backbone) of that seed; ``ok`` otherwise.
+    replaced, nothing else changes) and mark each run ``ok`` / ``lagging`` / ``diverged``
+    (``stats.classify``), the reference being the lowest best valid loss among all runs
+    (every depth and backbone) of the same seed. Every backbone of a depth gets its
+    seed-paired BLEU differences to Post-LN and Pre-LN of that depth.
     """
     check_backbones(backbones)
     depths = sorted(set(int(d) for d in depths))
@@ -31,21 +41,14 @@ def depth_stress(data, out, recipe, depths=(6, 12), backbones=DEPTH_BACKBONES, s
     specs = [((depth, b, seed), b, seed, os.path.join(out, f"L{depth}", b, f"seed{seed}"),
               replace(recipe, layers=depth), None) for seed in seeds for depth in depths for b in backbones]
     runs = train_all(specs, data, references, recipe, residual_mode, threads, jobs, log, "depth-stress")
-    reference = {}
-    for seed in seeds:
-        losses = [r["best_valid_loss"] for (_, _, s), r in runs.items()
-                  if s == seed and r["status"] == "finished" and r["best_valid_loss"] is not None]
-        reference[seed] = min(losses) if losses else None
+    reference = best_loss_per_seed(runs.values(), seeds)
     table = {}
     for depth in depths:
         table[str(depth)] = {}
         for b in backbones:
             rs = [runs[(depth, b, seed)] for seed in seeds]
-            entry = summarize_backbone(rs, b, residual_mode)
-            entry["fairseq_status_per_seed"] = entry["status_per_seed"]
-            entry["status_per_seed"] = [classify(r, reference[r["seed"]], margin) for r in rs]
-            entry["reason_per_seed"] = [r["reason"] for r in rs]
-            table[str(depth)][b] = entry
+            table[str(depth)][b] = outcome_entry(rs, b, residual_mode, reference, margin)
+        add_seed_paired(table[str(depth)])
     signatures = {r["signature"] for r in runs.values() if r["signature"]}
     record = recipe_record(replace(recipe, layers=depths[0]), data, references, backbones, residual_mode, seeds)
     record["depths"] = depths
@@ -56,10 +59,8 @@ def depth_stress(data, out, recipe, depths=(6, 12), backbones=DEPTH_BACKBONES, s
         "depths": table,
         "backbones": list(backbones),
         "reference_loss_per_seed": {str(seed): loss for seed, loss in reference.items()},
-        "rule": ("diverged: fairseq stopped on NaN/inf (FloatingPointError: NaN/inf gradients, or fp16 "
-                 "'Minimum loss scale reached') or no finite validation loss; stalled: finished, but its best "
-                 f"valid loss is more than {margin:g} above the lowest best valid loss of all runs of the same "
-                 "seed (fairseq's label-smoothed loss, base 2); ok: neither"),
+        "rule": outcome_rule(margin, DEPTH_REFERENCE),
+        "reference": DEPTH_REFERENCE,
         "margin": margin,
         "recipe": record,
         "sacrebleu_signature": " / ".join(sorted(signatures)) or None,
@@ -79,19 +80,12 @@ def depth_markdown(summary):
     lines = [f"# {summary['title']}: depth stress test (narrow deep models)", "",
              f"`L+L` layers, d={settings['embed_dim']}, FFN {settings['ffn_dim']}, {settings['heads']} heads; "
              f"lr {settings['lr']:g}, {settings['warmup_updates']} warmup updates, {settings['max_update']} updates, "
-             f"seeds {seeds}. Each cell: outcome per seed; test BLEU mean ± sd (per seed); best valid loss "
+             f"seeds {seeds}. Each row: outcome per seed; test BLEU (mean, {spread_word(len(seeds))}; per seed); "
+             "seed-paired BLEU differences to Post-LN and Pre-LN of the same depth; best valid loss "
              "mean (per seed).", ""]
     for depth, row in summary["depths"].items():
-        lines += [f"## {depth}+{depth} layers", "",
-                  "| backbone | outcome per seed | test BLEU | BLEU per seed | best valid loss | valid loss per seed |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for b in backbones:
-            e = row[b]
-            lines.append(f"| {b} | {', '.join(e['status_per_seed'])} | {bleu_cell(e, len(seeds))} "
-                         f"| {', '.join(fmt(x) for x in e['bleu_per_seed'])} | {fmt(e['valid_loss'], 3)} "
-                         f"| {', '.join(fmt(x, 3) for x in e['valid_loss_per_seed'])} |")
-        lines.append("")
-    lines += [f"Rule: {summary['rule']}. Reference (lowest best valid loss) per seed: "
+        lines += [f"## {depth}+{depth} layers", ""] + outcome_table(row, backbones) + [""]
+    lines += [SEED_PAIRED_NOTE + ".", "", f"Rule: {summary['rule']}. Reference (lowest best valid loss) per seed: "
               + ", ".join(f"seed {k}: {fmt(v, 3)}" for k, v in summary["reference_loss_per_seed"].items()) + ".",
               "", "Backbones (the only flags that differ):", ""]
     for b in backbones:

@@ -7,9 +7,28 @@ import os
 
 from ...errors import ConfigError
 from .recipe import BACKBONES, corpus_info, test_references
-from .report import fmt, pyplot, seconds, write_outputs
+from .report import fmt, pyplot, seconds, seed_paired_cell, write_outputs
 from .runs import check_backbones, join_notes, machine_description, parallel_note, recipe_record, train_all
-from .stats import classify
+from .stats import classify, outcome_rule, seed_paired
+
+
+def sweep_reference(normal_lr):
+    return f"the same backbone and seed at lr {normal_lr:g}"
+
+
+def sweep_seed_paired(table):
+    """``{"seed_paired_vs_postln": {backbone: {lr: record}}, ...}`` (Pre-LN where it ran) from the
+    sweep's ``{backbone: {lr: [run per seed]}}``."""
+    out = {}
+    for reference in ("postln", "preln"):
+        if reference not in table:
+            continue
+        out[f"seed_paired_vs_{reference}"] = {
+            b: {lr: seed_paired([e["bleu"] for e in entries], [e["bleu"] for e in table[reference][lr]],
+                                [e["seed"] for e in entries], [e["seed"] for e in table[reference][lr]])
+                for lr, entries in by_lr.items()}
+            for b, by_lr in table.items() if b != reference}
+    return out
 
 
 def lr_sweep(data, out, recipe, lrs, backbones=BACKBONES, seeds=(1,), residual_mode="sum", normal_lr=None,
@@ -18,8 +37,10 @@ def lr_sweep(data, out, recipe, lrs, backbones=BACKBONES, seeds=(1,), residual_m
     """Train every backbone at every learning rate in ``lrs`` (nothing else changes).
 
     ``normal_lr`` (default: the smallest of ``lrs``) is the reference: a run at another
-    learning rate is ``stalled`` when its best valid loss exceeds the same backbone's (and
-    seed's) best valid loss at ``normal_lr`` by more than ``margin``.
+    learning rate is ``lagging`` when its best valid loss exceeds the same backbone's (and
+    seed's) best valid loss at ``normal_lr`` by more than ``margin`` (``stats.classify``).
+    ``seed_paired_vs_postln`` / ``_vs_preln``: ``{backbone: {lr: BLEU differences seed by
+    seed}}`` against Post-LN / Pre-LN at the same learning rate.
     """
     check_backbones(backbones)
     lrs = sorted(set(float(lr) for lr in lrs))
@@ -56,17 +77,15 @@ def lr_sweep(data, out, recipe, lrs, backbones=BACKBONES, seeds=(1,), residual_m
         "runs": table,
         "lrs": lrs,
         "normal_lr": normal_lr,
-        "divergence_rule": (
-            "diverged: fairseq stopped on NaN/inf (FloatingPointError: NaN/inf gradients, or fp16 "
-            "'Minimum loss scale reached') or no finite validation loss; stalled: finished, but its best "
-            f"valid loss is more than {margin:g} above the same backbone and seed at lr {normal_lr:g} "
-            "(fairseq's label-smoothed loss, base 2); ok: neither"),
+        "divergence_rule": outcome_rule(margin, sweep_reference(normal_lr)),
+        "reference": sweep_reference(normal_lr),
         "margin": margin,
         "recipe": recipe_record(recipe, data, references, backbones, residual_mode, seeds),
         "sacrebleu_signature": " / ".join(sorted(signatures)) or None,
         "machine": machine_description(join_notes(parallel_note(jobs, threads), machine_note)),
         "out": os.path.abspath(out),
     }
+    summary.update(sweep_seed_paired(table))
     results_path = results_path or os.path.join(out, "lr_stress.json")
     write_outputs(summary, results_path, sweep_markdown, plot_sweep)
     log(f"[lr-sweep] wrote {results_path} (+ .md, .png)")
@@ -90,10 +109,16 @@ def sweep_markdown(summary):
         for lr in lrs:
             parts = []
             for e in summary["runs"][b][lr]:
-                parts.append(f"**{e['outcome']}** BLEU {fmt(e['bleu'])}, loss {fmt(e['best_valid_loss'], 3)} "
+                parts.append(f"{e['outcome']}: BLEU {fmt(e['bleu'])}, loss {fmt(e['best_valid_loss'], 3)} "
                              f"({e['updates']} upd; {seconds(e['train_seconds'])})")
             cells.append("<br>".join(parts))
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    for key, name in (("seed_paired_vs_postln", "Post-LN"), ("seed_paired_vs_preln", "Pre-LN")):
+        if summary.get(key):
+            lines += ["", f"Seed-paired BLEU difference to {name} at the same learning rate:", "",
+                      "| backbone | " + " | ".join(f"lr {lr}" for lr in lrs) + " |", "| --- |" + " --- |" * len(lrs)]
+            lines += [f"| {b} | " + " | ".join(seed_paired_cell(summary[key][b], lr) for lr in lrs) + " |"
+                      for b in backbones if b in summary[key]]
     lines += ["", f"Rule: {summary['divergence_rule']}.", "",
               "Shared fairseq-train flags (`--lr` replaced per column):", "", "```",
               " ".join(summary["recipe"]["shared_train_flags"]), "```", "",
@@ -125,7 +150,7 @@ def plot_sweep(summary, path):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("validation loss")
-    fig.suptitle(f"{summary['title']}: learning-rate stability (x = diverged or stalled)")
+    fig.suptitle(f"{summary['title']}: learning-rate stability (x = diverged or lagging)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

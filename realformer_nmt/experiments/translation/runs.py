@@ -29,11 +29,11 @@ def run_one(data, references, backbone, recipe, seed, run_dir, residual_mode="su
     not decoded (its ``bleu`` is None).
     """
     label = f"[{backbone} seed {seed}{'' if lr is None else f' lr {lr:g}'}] "
-    done = fairseq_runs.read_json(os.path.join(run_dir, "result.json"))
-    cmd = train_command(data, backbone, recipe, seed, run_dir, residual_mode, lr)
-    if done is not None and fairseq_runs.same_recipe(done.get("command"), cmd):
+    done = finished_run(data, backbone, recipe, seed, run_dir, residual_mode, lr)
+    if done is not None:
         log(f"{label}already done: reusing {os.path.join(run_dir, 'result.json')}")
-        return dict(done, run_dir=run_dir)
+        return done
+    cmd = train_command(data, backbone, recipe, seed, run_dir, residual_mode, lr)
     train = fairseq_runs.train_resumable(cmd, run_dir, label, log, recipe.max_update, env)
     checkpoint = os.path.join(run_dir, "checkpoint_best.pt")
     finite = [rec for rec in train["curve"] if math.isfinite(rec["loss"])]
@@ -57,6 +57,16 @@ def run_one(data, references, backbone, recipe, seed, run_dir, residual_mode="su
         f"updates {train['updates']}, best valid loss {fmt(result['best_valid_loss'])}, "
         f"test BLEU {fmt(result['bleu'])}, train {train['seconds']:.0f}s")
     return dict(fairseq_runs.finite_or_none(result), run_dir=run_dir)
+
+
+def finished_run(data, backbone, recipe, seed, run_dir, residual_mode="sum", lr=None):
+    """The stored result of a run that finished (trained, and decoded unless it diverged) with
+    exactly this recipe in ``run_dir``, or None."""
+    done = fairseq_runs.read_json(os.path.join(run_dir, "result.json"))
+    cmd = train_command(data, backbone, recipe, seed, run_dir, residual_mode, lr)
+    if done is not None and fairseq_runs.same_recipe(done.get("command"), cmd):
+        return dict(done, run_dir=run_dir)
+    return None
 
 
 def run_hypotheses(result):
@@ -121,9 +131,15 @@ def check_backbones(backbones):
         raise ConfigError("--backbones: a backbone is listed twice")
 
 
-def train_all(specs, data, references, recipe, residual_mode, threads, jobs, log, tag):
+def train_all(specs, data, references, recipe, residual_mode, threads, jobs, log, tag, report_only=False):
     """Train and score every ``(key, backbone, seed, run_dir, recipe_or_None, lr)`` in ``specs``,
-    ``jobs`` at a time; returns ``{key: result}``."""
+    ``jobs`` at a time; returns ``{key: result}``. With ``report_only`` nothing trains: the
+    result of each run finished so far, None for the others."""
+    if report_only:
+        runs = {spec[0]: finished_run(data, spec[1], spec[4] or recipe, spec[2], spec[3], residual_mode, spec[5])
+                for spec in specs}
+        log(f"[{tag}] report only: {sum(r is not None for r in runs.values())}/{len(specs)} runs finished")
+        return runs
     threads = fairseq_runs.threads_per_job(threads, jobs)
     env = fairseq_runs.cli_env(threads)
     log = fairseq_runs.serialized(log)
@@ -140,6 +156,15 @@ def train_all(specs, data, references, recipe, residual_mode, threads, jobs, log
         return run
 
     return fairseq_runs.run_parallel([(spec[0], task(*spec)) for spec in specs], jobs, log)
+
+
+def done_and_missing(runs, fields):
+    """``{"done": [...], "missing": [...]}``: each run's key as a record (``fields`` name the
+    key's parts), finished or not; a re-run with the same arguments trains the missing ones."""
+    record = {"done": [], "missing": []}
+    for key, result in runs.items():
+        record["done" if result is not None else "missing"].append(dict(zip(fields, key)))
+    return record
 
 
 def parallel_note(jobs, threads):

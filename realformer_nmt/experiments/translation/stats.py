@@ -9,9 +9,11 @@ from .recipe import BACKBONE_DESCRIPTIONS, backbone_flags
 from .runs import run_hypotheses
 
 PAIRED_TEST_NOTE = ("sacreBLEU paired bootstrap resampling ({samples} resamples, seed 12345) of each seed's "
-                    "test hypotheses against Post-LN's of the same seed, on the same sentences; p < 0.05 "
-                    "means that seed's BLEU difference is unlikely to come from the choice of test sentences "
-                    "(it says nothing about seed-to-seed variation, which bleu_std shows)")
+                    "test hypotheses against the reference backbone's of the same seed, on the same sentences. "
+                    "It measures test-sentence sampling on one seed: p < 0.05 means that seed's BLEU difference "
+                    "is unlikely to come from the choice of test sentences; p of about 0.4-0.5 at a difference near "
+                    "zero is not evidence either way, and it says nothing about seed-to-seed variation (the "
+                    "seed-paired differences do)")
 
 
 def paired_bootstrap(baseline, system, references, samples=1000):
@@ -66,7 +68,8 @@ def summarize_backbone(results, backbone, residual_mode):
         "valid_loss_per_seed": losses,
         "updates": min(r["updates"] for r in results),
         "seeds": [r["seed"] for r in results],
-        "status_per_seed": [r["status"] for r in results],
+        "status_per_seed": [classify(r, None, 0.0) for r in results],  # ok / diverged; studies add lagging
+        "fairseq_status_per_seed": [r["status"] for r in results],
         "curve": [[u, round(m, 4)] for u, m, _, _ in mean_curve],
         "curve_min_max": [[u, round(lo, 4), round(hi, 4)] for u, _, lo, hi in mean_curve],
         "curve_per_seed": curves,
@@ -79,10 +82,76 @@ def summarize_backbone(results, backbone, residual_mode):
     }
 
 
+OUTCOMES = ("ok", "lagging", "diverged")  # the one vocabulary of run outcomes (docs/results.md)
+DIVERGED_RULE = ("diverged: fairseq stopped on NaN/inf (FloatingPointError: NaN/inf gradients, or fp16 "
+                 "'Minimum loss scale reached') or no finite validation loss")
+
+
+def outcome_rule(margin, reference):
+    """The outcome rule as the JSON states it, with the study's reference named."""
+    return (f"{DIVERGED_RULE}; lagging: finished, but its best valid loss is more than {margin:g} above "
+            f"the reference, {reference} (fairseq's label-smoothed loss, base 2); ok: neither")
+
+
 def classify(result, reference_loss, margin):
-    """``ok`` / ``diverged`` / ``stalled`` for one sweep run (see the module docstring)."""
+    """``ok`` / ``lagging`` / ``diverged`` for one run against its study's reference loss."""
     if result["status"] == "diverged" or result["best_valid_loss"] is None:
         return "diverged"
     if reference_loss is not None and result["best_valid_loss"] > reference_loss + margin:
-        return "stalled"
+        return "lagging"
     return "ok"
+
+
+def seed_paired(values, reference_values, seeds, reference_seeds, digits=2):
+    """Differences ``value - reference`` on the same seed: ``{"seeds", "per_seed", "mean"}``
+    plus, with 3 or more paired seeds, ``"sd"`` and ``"ci95"`` (Student t over seeds). Seeds
+    where either side has no value (a diverged run, a run not done) are left out."""
+    by_seed = dict(zip(reference_seeds, reference_values))
+    pairs = [(seed, v, by_seed[seed]) for seed, v in zip(seeds, values)
+             if seed in by_seed and v is not None and by_seed[seed] is not None]
+    per_seed = [round(v - ref, digits) for _, v, ref in pairs]
+    out = {"seeds": [seed for seed, _, _ in pairs], "per_seed": per_seed,
+           "mean": round(statistics.mean(per_seed), digits) if per_seed else None}
+    if len(per_seed) >= 3:
+        from scipy.stats import t
+
+        sd = statistics.stdev(per_seed)
+        half = float(t.ppf(0.975, len(per_seed) - 1)) * sd / len(per_seed) ** 0.5
+        mean = statistics.mean(per_seed)
+        out.update(sd=round(sd, digits), ci95=[round(mean - half, digits), round(mean + half, digits)])
+    return out
+
+
+def add_seed_paired(entries, metric="bleu_per_seed", backbone_of=None, digits=2):
+    """``seed_paired_vs_postln`` (and ``seed_paired_vs_preln`` where Pre-LN ran) on every entry
+    of ``entries`` (``{name: summary entry or None}``) but the reference itself; ``backbone_of``
+    maps a name to its backbone (default: the name)."""
+    backbone_of = backbone_of or (lambda name: name)
+    names = {backbone_of(k): k for k, e in entries.items() if e is not None}
+    for reference in ("postln", "preln"):
+        if reference not in names:
+            continue
+        ref = entries[names[reference]]
+        for k, e in entries.items():
+            if e is not None and backbone_of(k) != reference:
+                e[f"seed_paired_vs_{reference}"] = seed_paired(e[metric], ref[metric], e["seeds"], ref["seeds"],
+                                                               digits)
+    return entries
+
+
+def best_loss_per_seed(results, seeds):
+    """``{seed: lowest best valid loss among the finished runs of that seed}`` (None: none)."""
+    reference = {}
+    for seed in seeds:
+        losses = [r["best_valid_loss"] for r in results if r is not None and r["seed"] == seed
+                  and r["status"] == "finished" and r["best_valid_loss"] is not None]
+        reference[seed] = min(losses) if losses else None
+    return reference
+
+
+def outcome_entry(results, backbone, residual_mode, reference, margin):
+    """``summarize_backbone`` with each seed's outcome against ``reference[seed]``."""
+    entry = summarize_backbone(results, backbone, residual_mode)
+    entry["status_per_seed"] = [classify(r, reference[r["seed"]], margin) for r in results]
+    entry["reason_per_seed"] = [r["reason"] for r in results]
+    return entry
