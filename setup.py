@@ -15,6 +15,9 @@ setup(
         "sentencepiece",
         "sacrebleu>=2.0",
         "scipy",  # Student t intervals of the seed-paired differences
+        # IWSLT'14 as fairseq prepares it: Moses tokenizer/detokenizer and subword-nmt BPE
+        "sacremoses>=0.2.0",
+        "subword-nmt>=0.3.8",
     ],
     extras_require={"test": ["pytest", "matplotlib", "ruff==0.17.6"], "plot": ["matplotlib"],
                     # optional: convert_google_checkpoint.py --reader tensorflow (TensorFlow's own reader)

@@ -38,6 +38,11 @@
       --device cuda --size iwslt --lr 5e-4 --warmup-updates 1000 --dropout 0.3 --weight-decay 0.0001 \\
       --max-tokens 4096 --max-update 5280 --seeds 1,2,3 --results results/multi30k_en_de_gpu.json
 
+  # IWSLT'14 De-En on a GPU (prepare_data.py --corpus iwslt14; tokenized BLEU, see docs/translation.md):
+  python scripts/compare_backbones.py --data data-bin/iwslt14.tokenized.de-en --out runs/compare/iwslt14 \\
+      --device cuda --size iwslt --lr 5e-4 --warmup-updates 4000 --dropout 0.3 --weight-decay 0.0001 \\
+      --max-tokens 4096 --max-update 50000 --seeds 1,2,3 --results results/iwslt14_de_en_gpu.json
+
 Backbones (only these flags differ between them):
   postln              fairseq's `transformer` (Post-LN)
   preln               fairseq's `transformer` --encoder-normalize-before --decoder-normalize-before
@@ -55,10 +60,13 @@ update budget, seed) is identical; dims are passed explicitly.
 Each run trains in OUT/<backbone>/seed<k>/ (OUT/lr<lr>/... with --lr-sweep, OUT/L<depth>/...
 with --depth-stress): checkpoints, train.log (every attempt appended), generate.txt,
 train.json and result.json. The best checkpoint (by validation loss, or by validation BLEU
-with --select-by-bleu) is decoded on `test` with beam search (--remove-bpe sentencepiece)
-and scored with sacreBLEU against the raw references (cased, 13a tokenization); the
-signature is stored. Every backbone is tested against Post-LN of the same seed with
-sacreBLEU's paired bootstrap resampling (--bootstrap-samples, p-value per seed).
+with --select-by-bleu) is decoded on `test` with beam search (--remove-bpe as prepare.json
+names it) and scored by the corpus's BLEU convention (prepare.json's "bleu"): sacreBLEU
+against the raw references (cased, 13a tokenization), or for IWSLT'14 fairseq's tokenized
+BLEU as the headline with lowercased sacreBLEU of the Moses-detokenized output beside it;
+the signature is stored and the JSON's recipe.scoring says which BLEU is the headline.
+Every backbone is tested against Post-LN of the same seed with sacreBLEU's paired
+bootstrap resampling (--bootstrap-samples, p-value per seed), on the headline's BLEU.
 
 --jobs N trains N runs at once, each with OMP_NUM_THREADS = cores / N unless --threads is
 given; results do not depend on it (the JSON's machine field records it).

@@ -1,16 +1,27 @@
 #!/usr/bin/env python
-"""Prepare a translation corpus for fairseq: raw text -> joint SentencePiece -> binaries.
+"""Prepare a translation corpus for fairseq: raw text -> joint SentencePiece -> binaries
+(IWSLT'14: fairseq's own recipe, Moses tokens and subword-nmt BPE).
 
   python scripts/prepare_data.py                                  # synthetic En->De demo corpus
   python scripts/prepare_data.py --corpus multi30k --raw-dir ../shared/data/multi30k
   python scripts/prepare_data.py --corpus multi30k --raw-dir ../shared/data/multi30k --src en --tgt fr
   python scripts/prepare_data.py --corpus multi30k --download     # from github.com/multi30k
+  python scripts/prepare_data.py --corpus iwslt14 --download      # De->En, fairseq's de-en.tgz
+  python scripts/prepare_data.py --corpus iwslt14 --raw-dir DIR   # DIR holds de-en.tgz or de-en/
 
 --dest (default data-bin/multi30k_<src>_<tgt>) gets dict.{src,tgt}.txt,
 {train,valid,test}.<src>-<tgt>.{src,tgt}.{bin,idx}, spm.model and prepare.json, which
 records the languages, the BPE to remove, the BLEU convention, the raw test files and
 the target/source length ratio (raw and SentencePiece files go to --dest/work). Generate
 with ``--remove-bpe sentencepiece`` to score detokenized output.
+
+--corpus iwslt14 reproduces fairseq's examples/translation/prepare-iwslt14.sh in Python
+(sacremoses for tokenizer.perl and lowercase.perl, clean-corpus-n.perl's rules, subword-nmt
+with --bpe-merges merges learned on both sides): --dest (default
+data-bin/iwslt14.tokenized.de-en) gets the binaries with separate dictionaries, the BPE
+``code`` and prepare.json (bpe subword_nmt, bleu tokenized); the tokenized text is in
+--dest/work/bpe, the raw test <seg> text in --dest/work/tok/test.raw.{de,en}. Generate with
+``--remove-bpe`` and fairseq's default scorer for the BLEU papers report.
 """
 
 import argparse
@@ -25,30 +36,42 @@ if REPO not in sys.path:
 from _cli import emit_json  # noqa: E402  (scripts/_cli.py)
 
 DEFAULT_DEST = {"synthetic": os.path.join("data-bin", "demo_en_de"),
-                "multi30k": os.path.join("data-bin", "multi30k_{src}_{tgt}")}
+                "multi30k": os.path.join("data-bin", "multi30k_{src}_{tgt}"),
+                "iwslt14": os.path.join("data-bin", "iwslt14.tokenized.de-en")}
 MULTI30K_LANGS = ("en", "de", "fr")
+DEFAULT_LANGS = {"synthetic": ("en", "de"), "multi30k": ("en", "de"), "iwslt14": ("de", "en")}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", choices=sorted(DEFAULT_DEST), default="synthetic",
                    help="which corpus (default: %(default)s)")
-    p.add_argument("--raw-dir", help="multi30k: directory with {train,val,test_2016_flickr}.{src,tgt}[.gz]")
-    p.add_argument("--src", choices=MULTI30K_LANGS, default="en",
-                   help="multi30k: source language (default: %(default)s)")
-    p.add_argument("--tgt", choices=MULTI30K_LANGS, default="de",
-                   help="multi30k: target language (default: %(default)s)")
-    p.add_argument("--download", action="store_true", help="multi30k: fetch the raw files from GitHub")
-    p.add_argument("--dest", help="output directory (default: data-bin/demo_en_de or data-bin/multi30k_<src>_<tgt>)")
-    p.add_argument("--work-dir", help="raw and SentencePiece files (default: DEST/work)")
+    p.add_argument("--raw-dir", help="multi30k: directory with {train,val,test_2016_flickr}.{src,tgt}[.gz]; "
+                                     "iwslt14: directory holding de-en.tgz or its extracted de-en/ folder")
+    p.add_argument("--src", choices=MULTI30K_LANGS,
+                   help="multi30k: source language (default: en; iwslt14 is de->en only)")
+    p.add_argument("--tgt", choices=MULTI30K_LANGS,
+                   help="multi30k: target language (default: de)")
+    p.add_argument("--download", action="store_true",
+                   help="multi30k: fetch the raw files from GitHub; iwslt14: fetch fairseq's de-en.tgz")
+    p.add_argument("--dest", help="output directory (default: data-bin/demo_en_de, data-bin/multi30k_<src>_<tgt> "
+                                  "or data-bin/iwslt14.tokenized.de-en)")
+    p.add_argument("--work-dir", help="raw and SentencePiece (iwslt14: tokenized and BPE) files (default: DEST/work)")
     p.add_argument("--vocab-size", type=int,
                    help="joint SentencePiece vocabulary (default: 1000 synthetic, 8000 multi30k)")
+    p.add_argument("--bpe-merges", type=int,
+                   help="iwslt14: subword-nmt merges learned on both sides (default: 10000, the recipe's)")
+    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                   help="iwslt14: Moses tokenizer and fairseq-preprocess processes (default: %(default)s)")
     p.add_argument("--model-type", choices=["bpe", "unigram"], default="bpe",
                    help="SentencePiece model type (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1, help="synthetic: generator seed (default: %(default)s)")
     p.add_argument("--n-train", type=int, default=20000, help="synthetic: training pairs (default: %(default)s)")
     p.add_argument("--json", help="also write the summary to this file (it is always printed)")
     args = p.parse_args(argv)
+    args.langs_given = args.src is not None or args.tgt is not None
+    default_src, default_tgt = DEFAULT_LANGS[args.corpus]
+    args.src, args.tgt = args.src or default_src, args.tgt or default_tgt
     args.dest = args.dest or DEFAULT_DEST[args.corpus].format(src=args.src, tgt=args.tgt)
     return args
 
@@ -56,15 +79,25 @@ def parse_args(argv=None):
 def check_args(args):
     """One sentence about the first inconsistent flag, or None."""
     if args.corpus == "synthetic" and (args.raw_dir or args.download):
-        return "--raw-dir and --download only apply to --corpus multi30k"
+        return "--raw-dir and --download only apply to --corpus multi30k and iwslt14"
+    if args.corpus == "iwslt14" and args.langs_given and (args.src, args.tgt) != ("de", "en"):
+        return "--corpus iwslt14 is German->English only (fairseq's recipe): drop --src/--tgt"
+    if args.corpus == "iwslt14" and args.vocab_size is not None:
+        return "--vocab-size is a SentencePiece setting: --corpus iwslt14 takes --bpe-merges"
+    if args.corpus != "iwslt14" and args.bpe_merges is not None:
+        return "--bpe-merges is a subword-nmt setting of --corpus iwslt14 (others take --vocab-size)"
+    if args.bpe_merges is not None and args.bpe_merges < 1:
+        return f"--bpe-merges must be positive, not {args.bpe_merges}"
+    if args.workers < 1:
+        return f"--workers must be at least 1, not {args.workers}"
     if args.corpus == "synthetic" and (args.src, args.tgt) != ("en", "de"):
         return "--corpus synthetic is English->German only: drop --src/--tgt"
     if args.src == args.tgt:
         return f"--src and --tgt are both {args.src!r}: give two different languages"
     if args.raw_dir and args.download:
         return "use either --raw-dir or --download, not both"
-    if args.corpus == "multi30k" and not (args.raw_dir or args.download):
-        return "--corpus multi30k needs --raw-dir DIR (a local copy) or --download"
+    if args.corpus in ("multi30k", "iwslt14") and not (args.raw_dir or args.download):
+        return f"--corpus {args.corpus} needs --raw-dir DIR (a local copy) or --download"
     if args.raw_dir and not os.path.isdir(args.raw_dir):
         return f"--raw-dir {args.raw_dir} is not a directory"
     if args.n_train < 1:
@@ -89,7 +122,8 @@ def main(argv=None):
     try:
         summary = corpora.prepare(args.corpus, args.dest, raw_dir=args.raw_dir, download=args.download,
                                   vocab_size=args.vocab_size, work_dir=args.work_dir, seed=args.seed,
-                                  synthetic_sizes=sizes, model_type=args.model_type, src=args.src, tgt=args.tgt)
+                                  synthetic_sizes=sizes, model_type=args.model_type, src=args.src, tgt=args.tgt,
+                                  bpe_merges=args.bpe_merges, workers=args.workers)
     except corpora.DataError as exc:
         return fail(exc)
     emit_json(summary, args.json)

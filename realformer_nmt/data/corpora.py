@@ -1,7 +1,9 @@
 """Corpus dispatch, in one place: ``prepare(corpus, dest_dir)`` writes a named corpus's raw
 text (``synthetic_en_de``, ``multi30k``) and runs the shared ``pipeline`` on it, leaving
-fairseq binaries, ``spm.model`` and ``prepare.json`` in ``dest_dir``; ``prepared_settings``
-reads back what a finished ``prepare`` recorded (used to detect stale data).
+fairseq binaries, ``spm.model`` and ``prepare.json`` in ``dest_dir``; ``iwslt14`` runs its
+own recipe (fairseq's ``prepare-iwslt14.sh``: Moses tokens, subword-nmt BPE, ``code``
+instead of ``spm.model``). ``prepared_settings`` reads back what a finished ``prepare``
+recorded (used to detect stale data).
 """
 
 import json
@@ -9,7 +11,7 @@ import os
 import shutil
 
 from ..errors import DataError
-from . import multi30k, synthetic_en_de
+from . import iwslt14, multi30k, synthetic_en_de
 from .pipeline import (
     LANGS,
     SPLITS,
@@ -22,14 +24,24 @@ from .pipeline import (
     train_sentencepiece,
 )
 
-DEFAULT_VOCAB = {"synthetic": 1000, "multi30k": 8000}
+DEFAULT_VOCAB = {"synthetic": 1000, "multi30k": 8000}  # SentencePiece corpora
+CORPORA = ("synthetic", "multi30k", "iwslt14")
 
 
 def prepare_settings(corpus, vocab_size=None, seed=1, synthetic_sizes=None, model_type="bpe",
-                     raw_dir=None, download=False, src="en", tgt="de"):
+                     raw_dir=None, download=False, src="en", tgt="de", bpe_merges=None):
     """The settings ``prepare`` records in ``prepare.json`` (used to detect stale data)."""
-    if corpus not in DEFAULT_VOCAB:
-        raise DataError(f"--corpus must be one of {sorted(DEFAULT_VOCAB)}, not {corpus!r}")
+    if corpus not in CORPORA:
+        raise DataError(f"--corpus must be one of {sorted(CORPORA)}, not {corpus!r}")
+    if corpus == "iwslt14":
+        if (src, tgt) != (iwslt14.SRC, iwslt14.TGT):
+            raise DataError("--corpus iwslt14 is German->English only (fairseq's recipe): drop --src/--tgt")
+        if vocab_size is not None:
+            raise DataError("--vocab-size is a SentencePiece setting: --corpus iwslt14 takes --bpe-merges")
+        return {"corpus": corpus, "bpe_merges": bpe_merges or iwslt14.BPE_MERGES,
+                "raw_dir": os.path.abspath(raw_dir) if raw_dir else None, "download": download}
+    if bpe_merges is not None:
+        raise DataError("--bpe-merges is a subword-nmt setting of --corpus iwslt14 (others take --vocab-size)")
     if corpus == "synthetic" and (src, tgt) != LANGS:
         raise DataError("--corpus synthetic is English->German only: drop --src/--tgt")
     if corpus == "multi30k":
@@ -45,8 +57,11 @@ def prepare_settings(corpus, vocab_size=None, seed=1, synthetic_sizes=None, mode
 
 
 def prepare(corpus, dest_dir, raw_dir=None, download=False, vocab_size=None, work_dir=None,
-            seed=1, synthetic_sizes=None, model_type="bpe", src="en", tgt="de"):
+            seed=1, synthetic_sizes=None, model_type="bpe", src="en", tgt="de", bpe_merges=None, workers=1):
     """Build raw text, SentencePiece and fairseq binaries for ``corpus``; return the summary.
+
+    ``iwslt14`` (German->English only) follows fairseq's recipe instead (see ``iwslt14``):
+    ``bpe_merges`` subword-nmt merges, ``workers`` tokenizer and fairseq-preprocess processes.
 
     Raw and piece files go to ``work_dir`` (default ``dest_dir/work``); ``dest_dir`` gets
     the binaries, ``spm.model`` and ``prepare.json``. ``prepare.json`` records what the
@@ -55,7 +70,9 @@ def prepare(corpus, dest_dir, raw_dir=None, download=False, vocab_size=None, wor
     ``length_ratio`` (target pieces per source piece in ``train``).
     """
     settings = prepare_settings(corpus, vocab_size, seed, synthetic_sizes, model_type, raw_dir, download,
-                                src, tgt)
+                                src, tgt, bpe_merges)
+    if corpus == "iwslt14":
+        return iwslt14.prepare(dest_dir, settings, raw_dir, download, work_dir, settings["bpe_merges"], workers)
     vocab_size = settings["vocab_size"]
     langs = (src, tgt)
     if vocab_size < 50:
@@ -110,7 +127,7 @@ def prepared_settings(dest_dir):
         return None
     src, tgt = summary.get("src", "en"), summary.get("tgt", "de")
     needed = (f"dict.{src}.txt", f"dict.{tgt}.txt", f"train.{src}-{tgt}.{src}.bin", f"test.{src}-{tgt}.{tgt}.bin",
-              "spm.model")
+              "code" if summary.get("bpe") == "subword_nmt" else "spm.model")
     if not all(os.path.exists(os.path.join(dest_dir, n)) for n in needed):
         return None
     return summary.get("settings")

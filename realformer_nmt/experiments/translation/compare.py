@@ -7,6 +7,7 @@ Pre-LN) on the same sentences (sacreBLEU's paired bootstrap, per seed); writes
 import os
 
 from ...errors import ConfigError
+from .. import fairseq_runs
 from .recipe import BACKBONES, MAIN_ORDER, corpus_info, test_references
 from .report import (
     COLORS,
@@ -123,7 +124,8 @@ def comparison_markdown(summary):
     paired_pre = any(summary[b].get("paired_vs_preln") for b in backbones)
     seed_paired = seed_paired_columns([summary[b] for b in backbones])
     lines = [f"# {summary['title']}: Post-LN vs Pre-LN vs RealFormer", ""] + not_run_lines(summary) + [
-             f"Test BLEU (sacreBLEU, detokenized, cased) of the best checkpoint by "
+             f"Test BLEU ({fairseq_runs.BLEU_LABELS[summary['recipe'].get('corpus', {}).get('bleu', 'sacrebleu')]}) "
+             "of the best checkpoint by "
              f"{'validation BLEU' if settings['select_by_bleu'] else 'validation loss'}, beam {settings['beam']}; "
              + seeds_phrase(n_seeds, seeds), "",
              "| backbone | test BLEU | BLEU per seed | best valid loss (mean) | valid loss per seed | "

@@ -106,12 +106,13 @@ class Recipe:
         if self.embed_dim % self.heads:
             raise ConfigError(f"--embed-dim {self.embed_dim} is not divisible by --heads {self.heads}")
 
-    def model_flags(self):
+    def model_flags(self, corpus=None):
         flags = []
         for side in ("encoder", "decoder"):
             flags += [f"--{side}-layers", self.layers, f"--{side}-embed-dim", self.embed_dim,
                       f"--{side}-ffn-embed-dim", self.ffn_dim, f"--{side}-attention-heads", self.heads]
-        return [str(f) for f in flags] + ["--share-all-embeddings"]
+        joined = (corpus or DEFAULT_CORPUS)["joined_dictionary"]  # IWSLT'14 has one dictionary per side
+        return [str(f) for f in flags] + ["--share-all-embeddings" if joined else "--share-decoder-input-output-embed"]
 
     def train_flags(self, lr=None):
         flags = [
@@ -154,13 +155,13 @@ def eval_bleu_flags(beam=5):
 
 def train_command(data, backbone, recipe, seed, save_dir, residual_mode="sum", lr=None):
     return ([fairseq_runs.fairseq_cli("fairseq-train"), data] + backbone_flags(backbone, residual_mode)
-            + recipe.model_flags() + recipe.train_flags(lr)
+            + recipe.model_flags(corpus_info(data)) + recipe.train_flags(lr)
             + ["--seed", str(seed), "--save-dir", save_dir, "--user-dir", USER_DIR])
 
 
 # what a data dir prepared before prepare.json recorded languages and conventions means
 DEFAULT_CORPUS = {"src": "en", "tgt": "de", "bpe": "sentencepiece", "bleu": "sacrebleu",
-                  "length_ratio": None, "max_len_a": 1.5, "max_len_b": 10}
+                  "length_ratio": None, "max_len_a": 1.5, "max_len_b": 10, "joined_dictionary": True}
 LANGUAGE_NAMES = {"en": "En", "de": "De", "fr": "Fr"}
 CORPUS_NAMES = {"multi30k": "Multi30k", "synthetic": "Synthetic", "iwslt14": "IWSLT'14"}
 
@@ -182,7 +183,8 @@ def corpus_info(data):
     except (OSError, ValueError):
         prepared = {}
     info = dict(DEFAULT_CORPUS)
-    info.update({k: prepared[k] for k in ("src", "tgt", "bpe", "bleu", "length_ratio") if k in prepared})
+    info.update({k: prepared[k] for k in ("src", "tgt", "bpe", "bleu", "length_ratio", "joined_dictionary")
+                 if k in prepared})
     info["max_len_a"] = max_len_a(info["length_ratio"]) if "length_ratio" in prepared else 1.5
     test_files = prepared.get("test_files") or {}
     raw_dir = prepared.get("raw_dir")

@@ -49,8 +49,10 @@ def run_one(data, references, backbone, recipe, seed, run_dir, residual_mode="su
     if train["status"] == "finished" and os.path.exists(checkpoint):
         scored = fairseq_runs.generate_and_score(
             data, checkpoint, references, os.path.join(run_dir, "generate.txt"),
-            recipe.generate_flags(corpus_info(data)), log=log, label=label, env=env)
+            recipe.generate_flags(corpus_info(data)), log=log, label=label, env=env,
+            convention=corpus_info(data)["bleu"], lang=corpus_info(data)["tgt"])
         result.update(bleu=scored["bleu"], sacrebleu=scored["sacrebleu"], signature=scored["signature"],
+                      bleu_convention=scored["convention"], tokenized_bleu=scored.get("tokenized_bleu"),
                       decode_seconds=scored["seconds"], generate_command=scored["command"])
     fairseq_runs.write_json(os.path.join(run_dir, "result.json"), fairseq_runs.finite_or_none(result))
     log(f"{label}DONE: {train['status']}{' (' + train['reason'] + ')' if train['reason'] else ''}, "
@@ -108,7 +110,7 @@ def recipe_record(recipe, data, references, backbones, residual_mode, seeds):
     example = train_command(data, backbones[0], recipe, seeds[0], "<run_dir>", residual_mode)
     return {
         "settings": asdict(recipe),
-        "shared_train_flags": recipe.model_flags() + recipe.train_flags(),
+        "shared_train_flags": recipe.model_flags(corpus_info(data)) + recipe.train_flags(),
         "backbone_flags": {b: backbone_flags(b, residual_mode) for b in backbones},
         "generate_flags": recipe.generate_flags(corpus_info(data)),
         "corpus": {k: v for k, v in corpus_info(data).items() if k not in ("references", "title")},
@@ -116,8 +118,8 @@ def recipe_record(recipe, data, references, backbones, residual_mode, seeds):
         "seeds": list(seeds),
         "data": os.path.abspath(data),
         "references": os.path.abspath(references),
-        "scoring": "sacreBLEU on detokenized, cased text (fairseq-generate --remove-bpe sentencepiece) "
-                   "against the raw references; best checkpoint by "
+        "scoring": fairseq_runs.BLEU_CONVENTIONS[fairseq_runs.check_convention(corpus_info(data)["bleu"])]
+                   + f" (fairseq-generate --remove-bpe {corpus_info(data)['bpe']}); best checkpoint by "
                    + ("validation BLEU" if recipe.select_by_bleu else "validation loss"),
     }
 

@@ -16,7 +16,7 @@ PAIRED_TEST_NOTE = ("sacreBLEU paired bootstrap resampling ({samples} resamples,
                     "seed-paired differences do)")
 
 
-def paired_bootstrap(baseline, system, references, samples=1000):
+def paired_bootstrap(baseline, system, references, samples=1000, bleu_args=None):
     """sacreBLEU's paired bootstrap resampling (Koehn 2004) of ``system`` against ``baseline``
     on the same sentences: ``{"p_value", "delta_bleu", "baseline_bleu", "system_bleu",
     "system_ci95", "signature"}``. The p-value is sacreBLEU's ``--paired-bs`` (as Moses'
@@ -30,7 +30,7 @@ def paired_bootstrap(baseline, system, references, samples=1000):
     if len(baseline) != len(references) or len(system) != len(references):
         raise DataError(f"paired test needs one hypothesis per reference: {len(baseline)} and "
                         f"{len(system)} hypotheses for {len(references)} references")
-    signatures, scores = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": BLEU()},
+    signatures, scores = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": BLEU(**(bleu_args or {}))},
                                     [references], test_type="bs", n_samples=samples)()
     base, other = scores["BLEU"]
     return {"p_value": float(other.p_value), "delta_bleu": round(other.score - base.score, 2),
@@ -49,7 +49,8 @@ def paired_vs(baseline_runs, runs, references, samples=1000):
         base_hyps, hyps = (run_hypotheses(base) if base else None), run_hypotheses(r)
         if base_hyps is None or hyps is None:
             continue
-        out.append(dict(seed=r["seed"], **paired_bootstrap(base_hyps, hyps, references, samples)))
+        refs, bleu_args = fairseq_runs.paired_test_references(r, references)  # the headline's BLEU
+        out.append(dict(seed=r["seed"], **paired_bootstrap(base_hyps, hyps, refs, samples, bleu_args)))
     return out
 
 
@@ -79,6 +80,9 @@ def summarize_backbone(results, backbone, residual_mode):
         "logs": [r["log"] for r in results],
         "flags": backbone_flags(backbone, residual_mode),
         "description": BACKBONE_DESCRIPTIONS[backbone],
+        # beside a tokenized-BLEU headline (IWSLT'14): each seed's lowercased sacreBLEU of the detokenized output
+        **({"sacrebleu_per_seed": [r.get("sacrebleu") for r in results]}
+           if any(r.get("bleu_convention") == "tokenized" for r in results) else {}),
     }
 
 
