@@ -244,3 +244,25 @@ def test_report_only_comparison_keeps_only_the_finished_seeds(m30k_slice, tmp_pa
     assert "Partial results" in md and "realformer seed 2" in md
     assert not (out / "realformer" / "seed2" / "train.log").exists()  # nothing trained
     assert statistics.mean(summary["postln"]["bleu_per_seed"]) == summary["postln"]["bleu"]
+
+
+def test_stability_limit_flags_and_their_defaults(monkeypatch):
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))  # the script's own _cli.py
+
+    spec = importlib.util.spec_from_file_location("compare_backbones_cli", REPO / "scripts" / "compare_backbones.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    args = cli.parse_args(["--data", "d", "--out", "o", "--stability-limit", "--seeds", "1,2"])
+    assert args.lrs == [1e-3, 5e-4, 2.5e-4] and args.depths == [12] and args.max_update == 1200
+    assert args.backbones == list(stability.STABILITY_BACKBONES) and args.embed_dim == 128
+    assert cli.STABILITY_BACKBONES == stability.STABILITY_BACKBONES
+    assert cli.STABILITY_LRS == list(stability.STABILITY_LRS)
+    sweep = cli.parse_args(["--data", "d", "--out", "o", "--lr-sweep"])
+    assert sweep.lrs == [1e-3, 3e-3, 1e-2] and sweep.depths == [6, 12]
+    assert cli.parse_args(["--data", "d", "--out", "o", "--report-only"]).report_only
+    for bad in (["--stability-limit", "--depths", "6,12"], ["--depth-stress", "--report-only"],
+                ["--stability-limit", "--layers", "3"]):
+        with pytest.raises(SystemExit):
+            cli.parse_args(["--data", "d", "--out", "o", *bad])
