@@ -59,6 +59,7 @@ setup(
         "fairseq-fixed==0.12.3.1",
         "sentencepiece",
         "sacrebleu>=2.0",
+        "scipy",  # Student t intervals of the seed-paired differences
         # IWSLT'14 as fairseq prepares it: Moses tokenizer/detokenizer and subword-nmt BPE
         "sacremoses>=0.2.0",
         "subword-nmt>=0.3.8",

@@ -1,5 +1,5 @@
 """The backbone comparison harness (scripts/compare_backbones.py,
-realformer_nmt/experiments/compare.py and fairseq_runs.py), through the real fairseq CLIs.
+realformer_nmt/experiments/translation/ and fairseq_runs.py), through the real fairseq CLIs.
 
 Tiny models and a few updates only: these prove the plumbing (JSON/MD/PNG, sacreBLEU
 in corpus order, resume, divergence handling, --eval-bleu checkpoint selection), not
@@ -156,8 +156,8 @@ def test_sweep_marks_nan_run_diverged_without_crashing(m30k_slice, tmp_path):
     # fairseq really blew up: its own exception is in that run's log
     assert "FloatingPointError" in open(absurd["log"], encoding="utf-8").read()
     data = json.loads(results.read_text())
-    assert data["normal_lr"] == 1e-3 and "stalled" in data["divergence_rule"]
-    assert "**diverged**" in results.with_suffix(".md").read_text()
+    assert data["normal_lr"] == 1e-3 and "lagging" in data["divergence_rule"]
+    assert "diverged: BLEU n/a" in results.with_suffix(".md").read_text()  # no bold: bold marks differences only
     assert results.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     # a re-run keeps the diverged outcome instead of training it again
     log_size = os.path.getsize(absurd["log"])
@@ -167,9 +167,9 @@ def test_sweep_marks_nan_run_diverged_without_crashing(m30k_slice, tmp_path):
     assert os.path.getsize(absurd["log"]) == log_size
 
 
-def test_stalled_rule_compares_with_the_same_backbone_at_the_normal_lr():
+def test_lagging_rule_compares_with_the_same_backbone_at_the_normal_lr():
     run = dict(status="finished", best_valid_loss=7.5)
-    assert compare.classify(run, reference_loss=6.0, margin=1.0) == "stalled"
+    assert compare.classify(run, reference_loss=6.0, margin=1.0) == "lagging"
     assert compare.classify(run, reference_loss=6.6, margin=1.0) == "ok"
     assert compare.classify(dict(run, status="diverged"), reference_loss=6.6, margin=1.0) == "diverged"
     assert compare.classify(dict(run, best_valid_loss=None), reference_loss=6.6, margin=1.0) == "diverged"

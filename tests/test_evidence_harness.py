@@ -17,6 +17,7 @@ from conftest import REPO, cli_env
 from test_compare_backbones import m30k_slice, tiny_recipe  # noqa: F401  (fixture)
 
 from realformer_nmt.experiments import compare, fairseq_runs
+from realformer_nmt.experiments.translation import depth as depth_study
 
 SCRIPT = str(REPO / "scripts" / "compare_backbones.py")
 TINY_SIZE_CLI = ["--embed-dim", "32", "--ffn-dim", "64", "--heads", "2", "--max-update", "4",
@@ -85,16 +86,16 @@ def test_depth_stress_marks_runs_against_the_best_run_of_the_same_seed(m30k_slic
             assert recipe.layers == key[0] and run_dir.endswith(f"L{key[0]}/{backbone}/seed{seed}")
         return {k: _fake_run(k[2], v, "diverged" if v is None else "finished") for k, v in losses.items()}
 
-    monkeypatch.setattr(compare, "_train_all", fake_train_all)
+    monkeypatch.setattr(depth_study, "train_all", fake_train_all)
     summary = compare.depth_stress(str(m30k_slice), str(tmp_path / "d"), tiny_recipe(), depths=(2, 1),
                                    backbones=("postln", "realformer"), seeds=(1, 2), margin=1.0,
                                    results_path=str(tmp_path / "depth.json"), log=_quiet)
     d = json.loads((tmp_path / "depth.json").read_text())
     assert list(d["depths"]) == ["1", "2"] and d["reference_loss_per_seed"] == {"1": 5.0, "2": 4.0}
-    # seed 1's reference is 5.0: 9.0 stalled, 6.1 stalled, None diverged; seed 2's is 4.0: 5.2 stalled
-    assert d["depths"]["1"]["postln"]["status_per_seed"] == ["stalled", "ok"]
+    # seed 1's reference is 5.0: 9.0 lagging, 6.1 lagging, None diverged; seed 2's is 4.0: 5.2 lagging
+    assert d["depths"]["1"]["postln"]["status_per_seed"] == ["lagging", "ok"]
     assert d["depths"]["1"]["realformer"]["status_per_seed"] == ["ok", "ok"]
-    assert d["depths"]["2"]["postln"]["status_per_seed"] == ["stalled", "stalled"]
+    assert d["depths"]["2"]["postln"]["status_per_seed"] == ["lagging", "lagging"]
     assert d["depths"]["2"]["realformer"]["status_per_seed"] == ["diverged", "ok"]
     assert d["depths"]["2"]["realformer"]["valid_loss_per_seed"] == [None, 4.9]
     assert summary["depths"]["2"]["realformer"]["bleu_per_seed"] == [None, 10.0]
@@ -155,7 +156,7 @@ def test_depth_stress_cli_runs_every_depth_and_backbone(m30k_slice, tmp_path):
     for depth in ("1", "2"):
         for b in ("postln", "realformer_mean"):
             e = d["depths"][depth][b]
-            assert e["status_per_seed"][0] in ("ok", "stalled", "diverged")
+            assert e["status_per_seed"][0] in ("ok", "lagging", "diverged")
             assert len(e["bleu_per_seed"]) == len(e["valid_loss_per_seed"]) == 1
         log = (tmp_path / "depth" / f"L{depth}" / "realformer_mean" / "seed1" / "train.log").read_text()
         assert f"--encoder-layers {depth} " in log and "--residual-attention-mode mean" in log

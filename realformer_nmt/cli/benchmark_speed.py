@@ -102,8 +102,7 @@ def main(argv=None):
     benchmark.write(results, args.json, None)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(f"Command: `{results['command']}`  \nMachine: {results['machine']}, torch "
-                    f"{results['torch']}, {results['threads']} threads, {device} {args.dtype}\n\n{table}")
+            f.write(benchmark.markdown(results))
     return results
 
 

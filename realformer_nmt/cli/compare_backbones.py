@@ -18,6 +18,16 @@
   python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/m30k \\
       --path-ablation --max-update 1800 --seeds 1,2 --jobs 2 --results results/path_ablation.json
 
+  # stability limit at 12+12: the depth-stress recipe at several learning rates, 5 backbones, 2 seeds
+  # (the same --out as the depth test: its lr 1e-3 runs are reused when the recipe is identical):
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/depth \\
+      --stability-limit --lrs 1e-3,5e-4,2.5e-4 --depths 12 --seeds 1,2 --jobs 2 \\
+      --results results/stability_depth12.json
+  # ... and the grid from the runs finished so far (nothing trains; missing cells "not run"):
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/depth \\
+      --stability-limit --lrs 1e-3,5e-4,2.5e-4 --depths 12 --seeds 1,2 --report-only \\
+      --results results/stability_depth12.json
+
   # the paper's learning-rate stability test (Fig. 3), short budget:
   python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/lr_sweep \\
       --lr-sweep --lrs 1e-3,3e-3,1e-2 --max-update 200 --warmup-updates 100 \\
@@ -66,14 +76,20 @@ restarted and fairseq continues it from checkpoint_last.pt. Asking for different
 in the same --out is refused (one folder, one recipe).
 
 Outputs: --results FILE.json (default OUT/comparison.json, OUT/lr_stress.json,
-OUT/depth_stress.json or OUT/path_ablation.json) plus FILE.md (a table), FILE.png
+OUT/depth_stress.json, OUT/stability_depth<L>.json or OUT/path_ablation.json) plus FILE.md (a table), FILE.png
 (validation loss against updates) and FILE_hyps/ (each run's test hypotheses). Paths inside
 the repository are written relative to it.
 
---lr-sweep and --depth-stress mark each run ok / diverged (fairseq stopped on NaN/inf
-gradients or a collapsed fp16 loss scale) / stalled (finished, but its best validation loss
-is more than --divergence-margin above the reference: the same backbone at --normal-lr in
-the sweep, the best run of the same seed in the depth test).
+--lr-sweep, --depth-stress and --stability-limit mark each run ok / lagging (finished, but
+its best validation loss is more than --divergence-margin above the reference: the same
+backbone at --normal-lr in the sweep, the best run of the same seed in the depth test and
+in the stability grid) / diverged (fairseq stopped on NaN/inf gradients or a collapsed fp16
+loss scale). Every backbone gets its BLEU differences to Post-LN (and Pre-LN) seed by seed
+(seed_paired_vs_postln / seed_paired_vs_preln).
+
+--report-only (the main comparison and --stability-limit) trains nothing: it writes the
+results of the runs finished so far, lists the missing ones in the JSON's "progress", and
+marks them "not run"; the same command without it trains the missing runs.
 """
 
 import argparse
@@ -89,6 +105,8 @@ VARIANTS = BACKBONES + ("realformer_mean", "realformer_preln", "realformer_encod
                        "realformer_cross")
 DEPTH_BACKBONES = ("postln", "preln", "realformer", "realformer_mean")
 DEPTH_SIZE = dict(embed_dim=128, ffn_dim=512, heads=4)  # compare.DEPTH_SIZE (kept here: --help without fairseq)
+STABILITY_BACKBONES = ("postln", "realformer", "realformer_mean", "preln", "realformer_preln")  # stability.py's
+STABILITY_LRS = [1e-3, 5e-4, 2.5e-4]
 
 
 
@@ -173,8 +191,14 @@ def parse_args(argv=None):
     stress.add_argument("--depth-stress", action="store_true",
                         help="train every backbone at L+L layers for each --depths, narrow (default d=128, "
                              "FFN 512, 4 heads) instead of the comparison; runs go to OUT/L<depth>/")
-    stress.add_argument("--depths", type=comma_list(int), default=[6, 12],
-                        help="layer counts (encoder = decoder) of the depth test (default: 6,12)")
+    stress.add_argument("--depths", type=comma_list(int), default=None,
+                        help="layer counts (encoder = decoder) of the depth test (default: 6,12); one count "
+                             "with --stability-limit (default: 12)")
+    stress.add_argument("--stability-limit", action="store_true",
+                        help="the depth-stress recipe at every --lrs (default 1e-3,5e-4,2.5e-4) for one --depths "
+                             "(default 12): a backbone x lr grid (default backbones: "
+                             f"{','.join(STABILITY_BACKBONES)}); runs at --lr go to OUT/L<depth>/ (the depth "
+                             "test's folders, reused when the recipe is identical), others to OUT/lr<lr>/L<depth>/")
     stress.add_argument("--path-ablation", action="store_true",
                         help="residual attention on the encoder, decoder or cross path alone, on all three, "
                              "and Post-LN; shares OUT with the main comparison (its realformer and postln runs "
@@ -183,31 +207,46 @@ def parse_args(argv=None):
     sweep = p.add_argument_group("learning-rate stability sweep")
     sweep.add_argument("--lr-sweep", action="store_true",
                        help="train every backbone at every --lrs instead of the comparison at --lr")
-    sweep.add_argument("--lrs", type=comma_list(float), default=[1e-3, 3e-3, 1e-2],
-                       help="peak learning rates of the sweep (default: 1e-3,3e-3,1e-2)")
+    sweep.add_argument("--lrs", type=comma_list(float), default=None,
+                       help="peak learning rates of the sweep (default: 1e-3,3e-3,1e-2) or of the stability grid "
+                            "(default: 1e-3,5e-4,2.5e-4)")
     sweep.add_argument("--normal-lr", type=float, default=None,
                        help="the reference learning rate among --lrs (default: the smallest)")
     sweep.add_argument("--divergence-margin", type=float, default=1.0,
-                       help="a finished run is 'stalled' when its best valid loss is more than this above the "
+                       help="a finished run is 'lagging' when its best valid loss is more than this above the "
                             "reference: the same backbone at --normal-lr (--lr-sweep), the best run of the same "
-                            "seed (--depth-stress) (default: %(default)s)")
+                            "seed (--depth-stress, --stability-limit) (default: %(default)s)")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: write the results of the runs finished so far (the main comparison and "
+                        "--stability-limit); missing runs are listed in the JSON's progress and marked 'not run'")
     args = p.parse_args(argv)
     modes = [flag for flag, on in (("--lr-sweep", args.lr_sweep), ("--depth-stress", args.depth_stress),
+                                   ("--stability-limit", args.stability_limit),
                                    ("--path-ablation", args.path_ablation)) if on]
     if len(modes) > 1:
         p.error(f"{' and '.join(modes)} are separate experiments: give one")
+    if args.report_only and modes and modes != ["--stability-limit"]:
+        p.error(f"--report-only applies to the main comparison and --stability-limit, not {modes[0]}")
+    deep = args.depth_stress or args.stability_limit
+    if args.lrs is None:
+        args.lrs = list(STABILITY_LRS if args.stability_limit else [1e-3, 3e-3, 1e-2])
+    if args.depths is None:
+        args.depths = [12] if args.stability_limit else [6, 12]
+    if args.stability_limit and len(args.depths) != 1:
+        p.error("--stability-limit takes one --depths value (one grid per depth)")
     if args.path_ablation and args.backbones is not None:
         p.error("--path-ablation trains a fixed set (encoder, decoder, cross, all, postln): drop --backbones")
     if args.backbones is None:
-        args.backbones = list(DEPTH_BACKBONES if args.depth_stress else BACKBONES)
+        args.backbones = list(STABILITY_BACKBONES if args.stability_limit
+                              else DEPTH_BACKBONES if args.depth_stress else BACKBONES)
     for b in args.backbones:
         if b not in VARIANTS:
             p.error(f"--backbones: unknown backbone {b!r} (choose from {', '.join(VARIANTS)})")
     if args.max_update is None:
-        args.max_update = 1200 if args.depth_stress else 1800
-    if args.depth_stress:
+        args.max_update = 1200 if deep else 1800
+    if deep:
         if args.layers is not None:
-            p.error("--depth-stress sets the layers from --depths: drop --layers")
+            p.error(f"{modes[0]} sets the layers from --depths: drop --layers")
         for name, value in DEPTH_SIZE.items():
             if getattr(args, name) is None:
                 setattr(args, name, value)
@@ -250,13 +289,19 @@ def main(argv=None):
             summary = compare.depth_stress(args.data, args.out, recipe, depths=args.depths,
                                            backbones=args.backbones, margin=args.divergence_margin, **common)
             print(compare.depth_markdown(summary))
+        elif args.stability_limit:
+            summary = compare.stability_limit(args.data, args.out, recipe, args.lrs, depth=args.depths[0],
+                                              backbones=args.backbones, margin=args.divergence_margin,
+                                              report_only=args.report_only, **common)
+            print(compare.stability_markdown(summary))
         elif args.path_ablation:
             summary = compare.path_ablation(args.data, args.out, recipe, bootstrap_samples=args.bootstrap_samples,
                                             **common)
             print(compare.ablation_markdown(summary))
         else:
             summary = compare.compare(args.data, args.out, recipe, backbones=args.backbones,
-                                      bootstrap_samples=args.bootstrap_samples, **common)
+                                      bootstrap_samples=args.bootstrap_samples, report_only=args.report_only,
+                                      **common)
             print(compare.comparison_markdown(summary))
     except RealFormerError as exc:
         print(f"compare_backbones.py: error: {exc}", file=sys.stderr)

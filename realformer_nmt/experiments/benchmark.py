@@ -303,27 +303,57 @@ def run_benchmark(sizes, lengths, variants, *, log=print, **kw):
     return {"configs": configs}
 
 
+def _range(values, digits):
+    return f"{min(values):.{digits}f}–{max(values):.{digits}f}"
+
+
 def markdown_table(result):
-    """One row per (size, length, variant): speed and memory ratios to vanilla."""
+    """One row per (size, length, variant): speed (median over the timed rounds, min-max in
+    brackets) and memory, each with its ratio to vanilla. A speed ratio's bracket is the
+    min-max of the per-round ratios (rounds are interleaved, so round r of every variant ran
+    under the same load); a ratio whose bracket contains 1.00 is within the noise."""
     lines = [
-        "| size | T | variant | train tok/s | x vanilla | peak MiB | x vanilla | saved act. MiB | x vanilla "
-        "| beam sent/s | x vanilla |",
+        "| size | T | variant | train tok/s (min–max) | x vanilla (per-round min–max) | peak MiB | x vanilla "
+        "| saved act. MiB | x vanilla | beam sent/s (min–max) | x vanilla (per-round min–max) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
 
     def ratio(r, key):
         return f"{r[key]:.2f}" if r.get(key) is not None else "-"
 
+    def rounds(c, v, key, work):
+        return [work / t for t in c["variants"][v].get(key) or []]
+
+    def speed(c, v, key, work, digits, median):
+        per_round = rounds(c, v, key, work)
+        return f"{median:.{digits}f}" + (f" ({_range(per_round, digits)})" if per_round else "")
+
+    def speed_ratio(c, v, key, work, median_ratio):
+        base, mine = rounds(c, "vanilla", key, work), rounds(c, v, key, work)
+        text = "-" if median_ratio is None else f"{median_ratio:.2f}"
+        if v == "vanilla" or not base or len(base) != len(mine):
+            return text
+        return text + f" ({_range([m / b for m, b in zip(mine, base)], 2)})"
+
     for c in result["configs"]:
+        tokens = c["batch_sentences"] * c["length"]
         for v, r in c["variants"].items():
             peak = f"{r['peak_memory_mib']:.0f}" if r.get("peak_memory_mib") else "-"
             lines.append(
-                f"| {c['size']} | {c['length']} | {v} | {r['train_tokens_per_second']:.0f} | "
-                f"{ratio(r, 'train_speed_ratio')} | {peak} | {ratio(r, 'peak_memory_ratio')} | "
-                f"{r['saved_activations_mib']:.0f} | {ratio(r, 'activation_ratio')} | "
-                f"{r['decode_sentences_per_second']:.2f} | {ratio(r, 'decode_speed_ratio')} |"
+                f"| {c['size']} | {c['length']} | {v} "
+                f"| {speed(c, v, 'train_step_seconds_all', tokens, 0, r['train_tokens_per_second'])} | "
+                f"{speed_ratio(c, v, 'train_step_seconds_all', tokens, r.get('train_speed_ratio'))} | {peak} | "
+                f"{ratio(r, 'peak_memory_ratio')} | {r['saved_activations_mib']:.0f} | {ratio(r, 'activation_ratio')} "
+                f"| {speed(c, v, 'decode_seconds_all', c['decode_sentences'], 2, r['decode_sentences_per_second'])} | "
+                f"{speed_ratio(c, v, 'decode_seconds_all', c['decode_sentences'], r.get('decode_speed_ratio'))} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def markdown(result):
+    """The whole Markdown file: command, machine and ``markdown_table``."""
+    return (f"Command: `{result['command']}`  \nMachine: {result['machine']}, torch {result['torch']}, "
+            f"{result['threads']} threads, {result['device']} {result['dtype']}\n\n{markdown_table(result)}")
 
 
 def write(result, json_path=None, md_path=None):

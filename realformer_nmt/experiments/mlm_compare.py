@@ -23,7 +23,14 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import ConfigError, DataError
 from . import fairseq_runs
-from .compare import _COLORS, BACKBONES, USER_DIR, _fmt, _pyplot, _seconds, machine_description, parallel_note
+from .translation.recipe import BACKBONES, USER_DIR
+from .translation.report import COLORS as _COLORS
+from .translation.report import SEED_PAIRED_NOTE, seed_paired_cell, spread
+from .translation.report import fmt as _fmt
+from .translation.report import pyplot as _pyplot
+from .translation.report import seconds as _seconds
+from .translation.runs import machine_description, parallel_note
+from .translation.stats import add_seed_paired
 
 BACKBONE_DESCRIPTIONS = {
     "postln": "fairseq `roberta` (Post-LN BERT)",
@@ -182,7 +189,10 @@ def summarize_backbone(results, backbone, residual_mode):
         "valid_loss": _mean([f.get("loss") for f in full]),
         "updates": min(r["updates"] for r in results),
         "seeds": [r["seed"] for r in results],
-        "status_per_seed": [r["status"] for r in results],
+        # the one outcome vocabulary (docs/results.md); there is no lagging reference here
+        "status_per_seed": ["ok" if r["status"] == "finished" and a is not None else "diverged"
+                            for r, a in zip(results, accs)],
+        "fairseq_status_per_seed": [r["status"] for r in results],
         "curve": [[u, round(m, 3)] for u, m, _, _ in fairseq_runs.mean_curve(
             [_curve(r, "mlm_accuracy") for r in results])],
         "loss_curve": [[u, round(m, 4)] for u, m, _, _ in fairseq_runs.mean_curve(
@@ -221,6 +231,7 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
     runs = fairseq_runs.run_parallel([((b, seed), task(b, seed)) for seed in seeds for b in backbones], jobs, log)
     results = {b: [runs[(b, seed)] for seed in seeds] for b in backbones}
     summary = {b: summarize_backbone(results[b], b, residual_mode) for b in backbones}
+    add_seed_paired(summary, metric="mlm_accuracy_per_seed")
     example = train_command(data, backbones[0], recipe, seeds[0], "<run_dir>", residual_mode)
     summary.update(
         title=title,
@@ -255,21 +266,30 @@ def comparison_markdown(summary):
     backbones = [b for b in BACKBONES if b in summary]
     n_seeds = len(summary[backbones[0]]["seeds"])
     nsp = any(summary[b]["nsp_accuracy"] is not None for b in backbones)
+    paired = [(f"seed_paired_vs_{ref}", f"vs {name}, seed-paired Δ accuracy")
+              for ref, name in (("postln", "Post-LN"), ("preln", "Pre-LN"))
+              if any(summary[b].get(f"seed_paired_vs_{ref}") for b in backbones)]
     lines = [f"# {summary['title']}: Post-LN vs Pre-LN vs RealFormer encoders", "",
-             "MLM accuracy (%) of the best checkpoint on the whole validation set; "
+             "MLM accuracy (%) of the best checkpoint on the whole validation set (WikiText-2's valid split); "
+             "the training text is WikiText-2's **test** split (the only WikiText-2 text here besides valid); "
              + ("**one seed**: differences of a few tenths are within seed noise." if n_seeds == 1
-                else f"mean ± standard deviation over {n_seeds} seeds."), "",
-             "| backbone | valid MLM accuracy | per seed | " + ("valid NSP accuracy | " if nsp else "")
+                else f"mean ± standard deviation over {n_seeds} seeds." if n_seeds > 2
+                else "mean and range over 2 seeds."), "",
+             "| backbone | valid MLM accuracy | per seed | "
+             + "".join(f"{h} | " for _, h in paired) + ("valid NSP accuracy | " if nsp else "")
              + "valid loss | updates | train time per seed |",
-             "| --- | --- | --- | " + ("--- | " if nsp else "") + "--- | --- | --- |"]
+             "| --- | --- | --- | " + "--- | " * len(paired) + ("--- | " if nsp else "") + "--- | --- | --- |"]
     for b in backbones:
         s = summary[b]
-        acc = _fmt(s["mlm_accuracy"]) + (f" ± {s['mlm_accuracy_std']:.2f}" if s["mlm_accuracy_std"] is not None
-                                         else " (1 seed)" if n_seeds == 1 else "")
+        acc = spread(s["mlm_accuracy"], s["mlm_accuracy_std"], s["mlm_accuracy_per_seed"])
         lines.append(f"| {b} | {acc} | {', '.join(_fmt(a) for a in s['mlm_accuracy_per_seed'])} | "
+                     + "".join(f"{seed_paired_cell(s, key)} | " for key, _ in paired)
                      + (f"{_fmt(s['nsp_accuracy'])} | " if nsp else "")
                      + f"{_fmt(s['valid_loss'], 3)} | {s['updates']} | "
                      f"{', '.join(_seconds(t) for t in s['train_seconds_per_seed'])} |")
+    if paired:
+        lines += ["", SEED_PAIRED_NOTE.replace("Seed-paired difference", "Seed-paired difference (accuracy points)")
+                  + "."]
     lines += ["", "Backbones (the only flags that differ):", ""]
     for b in backbones:
         lines.append(f"- `{b}`: {summary[b]['description']}: `{' '.join(summary[b]['flags'])}`")

@@ -1,0 +1,211 @@
+"""Backbones, the shared recipe and the corpus a translation study trains on.
+
+``backbone_flags`` gives the only fairseq-train flags that differ between backbones;
+``Recipe`` everything they share (``train_command`` puts both together); ``corpus_info``
+reads a data folder's ``prepare.json`` (languages, BPE, raw test files, length bound).
+"""
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from ...errors import ConfigError, DataError
+from .. import fairseq_runs
+
+BACKBONES = ("postln", "preln", "realformer")  # the main comparison's default set
+MAIN_ORDER = BACKBONES + ("realformer_preln", "realformer_mean")  # table and plot order of a comparison
+DEPTH_BACKBONES = ("postln", "preln", "realformer", "realformer_mean")
+
+
+# path-ablation key -> backbone; "all" and "postln" are the main comparison's runs
+ABLATION = {"postln": "postln", "encoder": "realformer_encoder", "decoder": "realformer_decoder",
+            "cross": "realformer_cross", "all": "realformer"}
+VARIANTS = BACKBONES + ("realformer_mean", "realformer_preln", "realformer_encoder", "realformer_decoder",
+                       "realformer_cross")
+BACKBONE_DESCRIPTIONS = {
+    "postln": "fairseq `transformer` (Post-LN)",
+    "preln": "fairseq `transformer` + `--encoder-normalize-before --decoder-normalize-before` (Pre-LN)",
+    "realformer": "`realformer_transformer` (Post-LN, residual attention on encoder, decoder and cross paths)",
+    "realformer_mean": "`realformer_transformer`, all three paths, running mean (`--residual-attention-mode mean`)",
+    "realformer_preln": "`realformer_transformer` + `--encoder-normalize-before --decoder-normalize-before` "
+                        "(Pre-LN, residual attention on encoder, decoder and cross paths)",
+    "realformer_encoder": "`realformer_transformer`, residual attention on the encoder self-attention only",
+    "realformer_decoder": "`realformer_transformer`, residual attention on the decoder self-attention only",
+    "realformer_cross": "`realformer_transformer`, residual attention on the encoder-decoder attention only",
+}
+
+
+# layers (encoder = decoder), embedding dim, FFN dim, heads
+SIZES = {
+    "small": (3, 256, 512, 4),     # the CPU recipe
+    "iwslt": (6, 512, 1024, 4),    # transformer_iwslt_de_en
+    "base": (6, 512, 2048, 8),     # transformer (base) / transformer_wmt_en_de
+}
+USER_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the realformer_nmt package
+REPO = fairseq_runs.REPO  # committed results name paths relative to it
+DEPTH_SIZE = dict(embed_dim=128, ffn_dim=512, heads=4)  # narrow: where depth, not width, is stressed
+
+
+def backbone_flags(name, residual_mode="sum"):
+    """The only fairseq-train flags that differ between backbones (``residual_mode`` is the
+    mode of ``realformer`` and the single-path variants; ``realformer_mean`` is always mean)."""
+    if name == "postln":
+        return ["--arch", "transformer"]
+    if name == "preln":
+        return ["--arch", "transformer", "--encoder-normalize-before", "--decoder-normalize-before"]
+    paths = {"realformer": "encoder,decoder,cross", "realformer_mean": "encoder,decoder,cross",
+             "realformer_preln": "encoder,decoder,cross",
+             "realformer_encoder": "encoder", "realformer_decoder": "decoder", "realformer_cross": "cross"}
+    if name in paths:
+        mode = "mean" if name == "realformer_mean" else residual_mode
+        flags = ["--arch", "realformer_transformer", "--residual-attention-paths", paths[name],
+                 "--residual-attention-mode", mode]
+        if name == "realformer_preln":
+            flags += ["--encoder-normalize-before", "--decoder-normalize-before"]
+        return flags
+    raise ConfigError(f"--backbones: unknown backbone {name!r} (choose from {', '.join(VARIANTS)})")
+
+
+@dataclass
+class Recipe:
+    """Everything every backbone shares. ``train_flags`` / ``generate_flags`` turn it into
+    fairseq flags; dims are always passed explicitly so all backbones get identical sizes."""
+
+    size: str = "small"
+    layers: int = None
+    embed_dim: int = None
+    ffn_dim: int = None
+    heads: int = None
+    lr: float = 1e-3
+    warmup_updates: int = 400
+    max_update: int = 1800
+    max_minutes: float = 0.0
+    max_tokens: int = 2048
+    dropout: float = 0.1
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0
+    validate_interval_updates: int = 0
+    device: str = "cpu"
+    fp16: bool = None            # None: on with --device cuda, off on cpu
+    select_by_bleu: bool = False
+    beam: int = 5
+    log_interval: int = 50
+    extra: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.size not in SIZES:
+            raise ConfigError(f"--size must be one of {', '.join(SIZES)}, not {self.size!r}")
+        defaults = dict(zip(("layers", "embed_dim", "ffn_dim", "heads"), SIZES[self.size]))
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        self.fp16 = fairseq_runs.resolve_fp16(self.device, self.fp16)
+        if self.max_update < 1 and self.max_minutes <= 0:
+            raise ConfigError("give a budget: --max-update N (N >= 1) and/or --max-minutes M")
+        if self.embed_dim % self.heads:
+            raise ConfigError(f"--embed-dim {self.embed_dim} is not divisible by --heads {self.heads}")
+
+    def model_flags(self, corpus=None):
+        flags = []
+        for side in ("encoder", "decoder"):
+            flags += [f"--{side}-layers", self.layers, f"--{side}-embed-dim", self.embed_dim,
+                      f"--{side}-ffn-embed-dim", self.ffn_dim, f"--{side}-attention-heads", self.heads]
+        joined = (corpus or DEFAULT_CORPUS)["joined_dictionary"]  # IWSLT'14 has one dictionary per side
+        return [str(f) for f in flags] + ["--share-all-embeddings" if joined else "--share-decoder-input-output-embed"]
+
+    def train_flags(self, lr=None):
+        flags = [
+            "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--clip-norm", self.clip_norm,
+            "--lr", lr if lr is not None else self.lr, "--lr-scheduler", "inverse_sqrt",
+            "--warmup-updates", self.warmup_updates, "--warmup-init-lr", "1e-07",
+            "--dropout", self.dropout, "--weight-decay", self.weight_decay,
+            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", self.label_smoothing,
+            "--max-tokens", self.max_tokens, "--max-update", max(self.max_update, 0),
+            "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", self.log_interval,
+        ]
+        if self.max_minutes > 0:
+            flags += ["--stop-time-hours", self.max_minutes / 60]
+        if self.validate_interval_updates > 0:
+            flags += ["--validate-interval-updates", self.validate_interval_updates]
+        flags += ["--cpu"] if self.device == "cpu" else []
+        flags += ["--fp16"] if self.fp16 else []
+        if self.select_by_bleu:
+            flags += eval_bleu_flags(self.beam)
+        return [str(f) for f in flags] + [str(e) for e in self.extra]
+
+    def generate_flags(self, corpus=None):
+        """fairseq-generate flags; ``corpus`` (``corpus_info``) gives the BPE to remove and
+        the output-length bound (default: Multi30k En->De's sentencepiece, 1.5 x source + 10)."""
+        corpus = corpus or DEFAULT_CORPUS
+        flags = ["--beam", self.beam, "--batch-size", 128, "--remove-bpe", corpus["bpe"],
+                 # bound runaway hypotheses by the corpus's target/source length ratio
+                 "--max-len-a", corpus["max_len_a"], "--max-len-b", corpus["max_len_b"], "--user-dir", USER_DIR]
+        flags += ["--cpu"] if self.device == "cpu" else []
+        flags += ["--fp16"] if self.fp16 else []
+        return [str(f) for f in flags]
+
+
+def eval_bleu_flags(beam=5):
+    """fairseq's translation-task BLEU during validation, selecting checkpoint_best.pt by it."""
+    return ["--eval-bleu", "--eval-bleu-detok", "space", "--eval-bleu-remove-bpe", "sentencepiece",
+            "--eval-bleu-args", json.dumps({"beam": beam, "max_len_a": 1.5, "max_len_b": 10}),
+            "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
+
+
+def train_command(data, backbone, recipe, seed, save_dir, residual_mode="sum", lr=None):
+    return ([fairseq_runs.fairseq_cli("fairseq-train"), data] + backbone_flags(backbone, residual_mode)
+            + recipe.model_flags(corpus_info(data)) + recipe.train_flags(lr)
+            + ["--seed", str(seed), "--save-dir", save_dir, "--user-dir", USER_DIR])
+
+
+# what a data dir prepared before prepare.json recorded languages and conventions means
+DEFAULT_CORPUS = {"src": "en", "tgt": "de", "bpe": "sentencepiece", "bleu": "sacrebleu",
+                  "length_ratio": None, "max_len_a": 1.5, "max_len_b": 10, "joined_dictionary": True}
+LANGUAGE_NAMES = {"en": "En", "de": "De", "fr": "Fr"}
+CORPUS_NAMES = {"multi30k": "Multi30k", "synthetic": "Synthetic", "iwslt14": "IWSLT'14"}
+
+
+def max_len_a(length_ratio):
+    """fairseq-generate's ``--max-len-a`` from the corpus's target/source piece ratio: 1.5 x
+    the ratio, never below 1.5 (En->De's committed bound), rounded to one decimal."""
+    if not length_ratio:
+        return 1.5
+    return max(1.5, round(1.5 * length_ratio, 1))
+
+
+def corpus_info(data):
+    """Languages, BPE, BLEU convention, raw test files and output-length bounds of ``data``,
+    from its ``prepare.json`` (``DEFAULT_CORPUS`` where it records none)."""
+    try:
+        with open(os.path.join(data, "prepare.json"), encoding="utf-8") as f:
+            prepared = json.load(f)
+    except (OSError, ValueError):
+        prepared = {}
+    info = dict(DEFAULT_CORPUS)
+    info.update({k: prepared[k] for k in ("src", "tgt", "bpe", "bleu", "length_ratio", "joined_dictionary")
+                 if k in prepared})
+    info["max_len_a"] = max_len_a(info["length_ratio"]) if "length_ratio" in prepared else 1.5
+    test_files = prepared.get("test_files") or {}
+    raw_dir = prepared.get("raw_dir")
+    info["references"] = test_files.get("tgt") or (os.path.join(raw_dir, f"test.{info['tgt']}") if raw_dir else None)
+    corpus = prepared.get("settings", {}).get("corpus", "multi30k")
+    info["title"] = (f"{CORPUS_NAMES.get(corpus, corpus)} "
+                     f"{LANGUAGE_NAMES.get(info['src'], info['src'])}->{LANGUAGE_NAMES.get(info['tgt'], info['tgt'])}")
+    return info
+
+
+def test_references(data, references=None):
+    """Raw test references: ``references`` or the target-side test file ``data/prepare.json``
+    names (``test_files.tgt``, or ``<raw_dir>/test.<tgt>``)."""
+    info = corpus_info(data)
+    for name in (f"dict.{info['src']}.txt", f"dict.{info['tgt']}.txt"):
+        if not os.path.exists(os.path.join(data, name)):
+            raise DataError(f"--data {data} has no {name}: prepare it with scripts/prepare_data.py")
+    if references is None:
+        references = info["references"]
+        if references is None:
+            raise DataError(f"--data {data} has no prepare.json naming its raw text: pass --references FILE")
+    if not os.path.isfile(references):
+        raise DataError(f"test references {references} not found (pass --references FILE)")
+    return references

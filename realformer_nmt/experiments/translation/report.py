@@ -1,0 +1,140 @@
+"""What every study writes: JSON, Markdown and PNG beside it, and the cells and plot
+pieces the studies' tables and figures share."""
+
+import os
+
+from .. import fairseq_runs
+
+
+def write_outputs(summary, json_path, markdown, plot):
+    """``json_path`` plus ``.md`` and ``.png`` beside it; paths inside the repository are
+    written relative to it (committed results carry no paths of the machine they ran on)."""
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)) or ".", exist_ok=True)
+    stem = os.path.splitext(json_path)[0]
+    summary = fairseq_runs.portable(fairseq_runs.finite_or_none(summary))
+    fairseq_runs.write_json(json_path, summary)
+    with open(stem + ".md", "w", encoding="utf-8") as f:
+        f.write(markdown(summary))
+    plot(summary, stem + ".png")
+
+
+def fmt(x, digits=2):
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def seconds(s):
+    return "n/a" if s is None else f"{s / 60:.1f} min"
+
+
+def spread(mean, std, values, digits=2):
+    """A mean and its spread over seeds: ``± sd`` with 3 or more values, the range of two
+    (never ``± sd`` of two), ``(1 seed)`` for one."""
+    finite = [v for v in values if v is not None]
+    if len(finite) >= 3 and std is not None:
+        return f"{fmt(mean, digits)} ± {std:.{digits}f}"
+    if len(finite) == 2:
+        return f"{fmt(mean, digits)} (range {fmt(min(finite), digits)}–{fmt(max(finite), digits)})"
+    return fmt(mean, digits) + (" (1 seed)" if finite else "")
+
+
+def bleu_cell(s, n_seeds=None):
+    bleu = spread(s["bleu"], s["bleu_std"], s["bleu_per_seed"])
+    diverged = [seed for seed, st in zip(s["seeds"], s["status_per_seed"]) if st not in ("finished", "ok")]
+    if diverged:
+        bleu += f" (not ok: seeds {diverged})"
+    return bleu
+
+
+def spread_word(n_seeds):
+    return "± sd" if n_seeds >= 3 else "range" if n_seeds == 2 else "one seed"
+
+
+def outcome_table(row, backbones):
+    """One row per backbone of a study with outcomes: outcome per seed, BLEU, the seed-paired
+    differences to Post-LN and Pre-LN, best valid loss (``row[b]`` None: "not run")."""
+    refs = [(key, header) for key, header in (("seed_paired_vs_postln", "vs Post-LN, seed-paired ΔBLEU"),
+                                              ("seed_paired_vs_preln", "vs Pre-LN, seed-paired ΔBLEU"))
+            if any(row.get(b) and row[b].get(key) for b in backbones)]
+    lines = ["| backbone | outcome per seed | test BLEU | BLEU per seed | " + "".join(f"{h} | " for _, h in refs)
+             + "best valid loss | valid loss per seed |",
+             "| --- | --- | --- | --- | " + "--- | " * len(refs) + "--- | --- |"]
+    for b in backbones:
+        e = row.get(b)
+        if e is None:
+            lines.append(f"| {b} | not run | " + "| " * (len(refs) + 4))
+            continue
+        lines.append(f"| {b} | {', '.join(e['status_per_seed'])} | {bleu_cell(e)} "
+                     f"| {', '.join(fmt(x) for x in e['bleu_per_seed'])} | "
+                     + "".join(f"{seed_paired_cell(e, key)} | " for key, _ in refs)
+                     + f"{fmt(e['valid_loss'], 3)} | {', '.join(fmt(x, 3) for x in e['valid_loss_per_seed'])} |")
+    return lines
+
+
+def excludes_zero(paired):
+    ci = (paired or {}).get("ci95")
+    return bool(ci) and (ci[0] > 0 or ci[1] < 0)
+
+
+def seed_paired_cell(s, key="seed_paired_vs_postln"):
+    """Per-seed differences and their mean; ``± sd`` and the 95% interval with 3 or more seeds,
+    bold only where the interval excludes zero."""
+    p = s.get(key) if s else None
+    if not p or not p["per_seed"]:
+        return "—"
+    per_seed = " / ".join(f"{d:+.2f}" for d in p["per_seed"])
+    if len(p["per_seed"]) == 1:
+        return f"{per_seed} (1 seed)"
+    if p.get("ci95") is None:
+        return f"{per_seed} (mean {p['mean']:+.2f})"
+    cell = f"{p['mean']:+.2f} ± {p['sd']:.2f} (95% CI {p['ci95'][0]:+.2f} to {p['ci95'][1]:+.2f})"
+    cell = f"**{cell}**" if excludes_zero(p) else cell
+    return f"{per_seed} = {cell}"
+
+
+SEED_PAIRED_NOTE = ("Seed-paired difference: backbone minus reference on the same seed (same data order and "
+                    "initialization seed), per seed and their mean; with 3 or more seeds ± sd over seeds and a "
+                    "95% interval (Student t); with two seeds both values. Bold: the interval excludes zero")
+
+
+def paired_cell(s, key="paired_vs_postln"):
+    tests = s.get(key)
+    if not tests:
+        return "—"
+    return ", ".join(f"s{t['seed']}: {t['delta_bleu']:+.2f} (p={t['p_value']:.3f})" for t in tests)
+
+
+def recipe_lines(summary):
+    lines = ["", "Shared fairseq-train flags:", "", "```", " ".join(summary["recipe"]["shared_train_flags"]),
+             "```", "", f"Decoding: `fairseq-generate {' '.join(summary['recipe']['generate_flags'])}`", "",
+             f"sacreBLEU signature: `{summary['sacrebleu_signature']}`", ""]
+    if summary.get("paired_test"):
+        lines += [f"Paired test: {summary['paired_test']}.", ""]
+    lines += [f"Machine: {summary['machine']}. Wall times depend on the load of the machine; the "
+              "budget is a fixed number of updates, identical for every backbone.", ""]
+    return lines
+
+
+COLORS = {"postln": "tab:blue", "preln": "tab:orange", "realformer": "tab:green", "realformer_mean": "tab:red",
+           "realformer_preln": "tab:olive",
+           "realformer_encoder": "tab:purple", "realformer_decoder": "tab:brown", "realformer_cross": "tab:pink"}
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def curve_with_band(ax, s, color, label):
+    """Mean validation curve of one entry, with its min-max band over seeds."""
+    if not s["curve"]:
+        ax.plot([], [], color=color, label=label + " (no finite valid loss)")
+        return
+    ax.plot(*zip(*s["curve"]), marker="o", markersize=2, color=color, label=label)
+    if len(s["seeds"]) > 1 and s["curve_min_max"]:
+        band = s["curve_min_max"]
+        ax.fill_between([u for u, _, _ in band], [lo for _, lo, _ in band], [hi for _, _, hi in band],
+                        color=color, alpha=0.2)

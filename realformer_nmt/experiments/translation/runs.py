@@ -1,0 +1,187 @@
+"""Training and scoring runs: one run (``run_one``), many at once (``train_all``) and the
+records every study stores about them (``recipe_record``, ``machine_description``).
+
+Runs live in ``out/<backbone>/seed<k>/`` (studies add ``lr<lr>/`` or ``L<depth>/`` above
+that) with their checkpoints, ``train.log``, ``generate.txt`` and ``result.json``; a
+re-run with the same arguments reuses finished runs and resumes an interrupted one (see
+``fairseq_runs.train_resumable``). ``jobs`` runs that many trainings at once (threads
+split between them), which changes no result.
+"""
+
+import math
+import os
+import platform
+from dataclasses import asdict
+
+from ...errors import ConfigError
+from .. import fairseq_runs
+from .recipe import backbone_flags, corpus_info, train_command
+from .report import fmt
+
+
+def run_one(data, references, backbone, recipe, seed, run_dir, residual_mode="sum", lr=None,
+            env=None, log=print):
+    """Train one backbone/seed in ``run_dir`` and score its best checkpoint; return the result.
+
+    The result (``run_dir/result.json``) holds the training record of
+    ``fairseq_runs.train_resumable`` plus ``bleu``, ``best_valid_loss``, ``sacrebleu``,
+    ``signature``, ``train_seconds``, ``decode_seconds`` and ``checkpoint``. A diverged run is
+    not decoded (its ``bleu`` is None).
+    """
+    label = f"[{backbone} seed {seed}{'' if lr is None else f' lr {lr:g}'}] "
+    done = finished_run(data, backbone, recipe, seed, run_dir, residual_mode, lr)
+    if done is not None:
+        log(f"{label}already done: reusing {os.path.join(run_dir, 'result.json')}")
+        return done
+    cmd = train_command(data, backbone, recipe, seed, run_dir, residual_mode, lr)
+    train = fairseq_runs.train_resumable(cmd, run_dir, label, log, recipe.max_update, env)
+    checkpoint = os.path.join(run_dir, "checkpoint_best.pt")
+    finite = [rec for rec in train["curve"] if math.isfinite(rec["loss"])]
+    result = dict(train, backbone=backbone, seed=seed, lr=lr if lr is not None else recipe.lr,
+                  train_seconds=train["seconds"],
+                  best_valid_loss=min(rec["loss"] for rec in finite) if finite else None,
+                  final_valid_loss=train["curve"][-1]["loss"] if train["curve"] else None,
+                  bleu=None, sacrebleu=None, signature=None, decode_seconds=None,
+                  checkpoint=os.path.abspath(checkpoint))
+    if recipe.select_by_bleu:
+        bleus = [rec["bleu"] for rec in train["curve"] if "bleu" in rec]
+        result["best_valid_bleu"] = max(bleus) if bleus else None
+    if train["status"] == "finished" and os.path.exists(checkpoint):
+        scored = fairseq_runs.generate_and_score(
+            data, checkpoint, references, os.path.join(run_dir, "generate.txt"),
+            recipe.generate_flags(corpus_info(data)), log=log, label=label, env=env,
+            convention=corpus_info(data)["bleu"], lang=corpus_info(data)["tgt"])
+        result.update(bleu=scored["bleu"], sacrebleu=scored["sacrebleu"], signature=scored["signature"],
+                      bleu_convention=scored["convention"], tokenized_bleu=scored.get("tokenized_bleu"),
+                      decode_seconds=scored["seconds"], generate_command=scored["command"])
+    fairseq_runs.write_json(os.path.join(run_dir, "result.json"), fairseq_runs.finite_or_none(result))
+    log(f"{label}DONE: {train['status']}{' (' + train['reason'] + ')' if train['reason'] else ''}, "
+        f"updates {train['updates']}, best valid loss {fmt(result['best_valid_loss'])}, "
+        f"test BLEU {fmt(result['bleu'])}, train {train['seconds']:.0f}s")
+    return dict(fairseq_runs.finite_or_none(result), run_dir=run_dir)
+
+
+def finished_run(data, backbone, recipe, seed, run_dir, residual_mode="sum", lr=None):
+    """The stored result of a run that finished (trained, and decoded unless it diverged) with
+    exactly this recipe in ``run_dir``, or None."""
+    done = fairseq_runs.read_json(os.path.join(run_dir, "result.json"))
+    cmd = train_command(data, backbone, recipe, seed, run_dir, residual_mode, lr)
+    if done is not None and fairseq_runs.same_recipe(done.get("command"), cmd):
+        return dict(done, run_dir=run_dir)
+    return None
+
+
+def run_hypotheses(result):
+    """The detokenized test hypotheses of a scored run, in corpus order (None if not decoded)."""
+    path = os.path.join(result["run_dir"], "generate.txt")
+    if result.get("bleu") is None or not os.path.exists(path):
+        return None  # not decoded, or a record reused without its decode output
+    hyps = fairseq_runs.parse_generate_output(fairseq_runs.read_log(path))
+    return [hyps[i] for i in range(len(hyps))]
+
+
+def save_hypotheses(results, folder):
+    """Copy each decoded run's hypotheses (corpus order) to ``folder/<backbone>_seed<k>.txt``,
+    so the BLEU scores and paired tests can be checked from the repository alone."""
+    os.makedirs(folder, exist_ok=True)
+    for r in results:
+        hyps = run_hypotheses(r)
+        if hyps is not None:
+            with open(os.path.join(folder, f"{r['backbone']}_seed{r['seed']}.txt"), "w", encoding="utf-8") as f:
+                f.write("".join(h + "\n" for h in hyps))
+
+
+def machine_description(note=""):
+    import torch
+
+    try:
+        import fairseq
+        fairseq_version = fairseq.__version__
+    except Exception:  # pragma: no cover - fairseq always imports here
+        fairseq_version = "?"
+    desc = (f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
+            f"fairseq {fairseq_version}")
+    if torch.cuda.is_available():
+        desc += f", GPU {torch.cuda.get_device_name(0)}"
+    return desc + (f"; {note}" if note else "")
+
+
+def recipe_record(recipe, data, references, backbones, residual_mode, seeds):
+    example = train_command(data, backbones[0], recipe, seeds[0], "<run_dir>", residual_mode)
+    return {
+        "settings": asdict(recipe),
+        "shared_train_flags": recipe.model_flags(corpus_info(data)) + recipe.train_flags(),
+        "backbone_flags": {b: backbone_flags(b, residual_mode) for b in backbones},
+        "generate_flags": recipe.generate_flags(corpus_info(data)),
+        "corpus": {k: v for k, v in corpus_info(data).items() if k not in ("references", "title")},
+        "example_train_command": fairseq_runs.quote(example),
+        "seeds": list(seeds),
+        "data": os.path.abspath(data),
+        "references": os.path.abspath(references),
+        "scoring": fairseq_runs.BLEU_CONVENTIONS[fairseq_runs.check_convention(corpus_info(data)["bleu"])]
+                   + f" (fairseq-generate --remove-bpe {corpus_info(data)['bpe']}); best checkpoint by "
+                   + ("validation BLEU" if recipe.select_by_bleu else "validation loss"),
+    }
+
+
+def check_backbones(backbones):
+    if not backbones:
+        raise ConfigError("--backbones: give at least one backbone")
+    for b in backbones:
+        backbone_flags(b)
+    if len(set(backbones)) != len(backbones):
+        raise ConfigError("--backbones: a backbone is listed twice")
+
+
+def train_all(specs, data, references, recipe, residual_mode, threads, jobs, log, tag, report_only=False):
+    """Train and score every ``(key, backbone, seed, run_dir, recipe_or_None, lr)`` in ``specs``,
+    ``jobs`` at a time; returns ``{key: result}``. With ``report_only`` nothing trains: the
+    result of each run finished so far, None for the others."""
+    if report_only:
+        runs = {spec[0]: finished_run(data, spec[1], spec[4] or recipe, spec[2], spec[3], residual_mode, spec[5])
+                for spec in specs}
+        log(f"[{tag}] report only: {sum(r is not None for r in runs.values())}/{len(specs)} runs finished")
+        return runs
+    threads = fairseq_runs.threads_per_job(threads, jobs)
+    env = fairseq_runs.cli_env(threads)
+    log = fairseq_runs.serialized(log)
+    done = []
+
+    def task(key, backbone, seed, run_dir, run_recipe, lr):
+        def run():
+            result = run_one(data, references, backbone, run_recipe or recipe, seed, run_dir, residual_mode,
+                             lr=lr, env=env, log=log)
+            done.append(key)
+            log(f"[{tag}] finished {len(done)}/{len(specs)}: {backbone} seed {seed}"
+                + (f" lr {lr:g}" if lr is not None else "") + f" ({result['status']})")
+            return result
+        return run
+
+    return fairseq_runs.run_parallel([(spec[0], task(*spec)) for spec in specs], jobs, log)
+
+
+def done_and_missing(runs, fields):
+    """``{"done": [...], "missing": [...]}``: each run's key as a record (``fields`` name the
+    key's parts), finished or not; a re-run with the same arguments trains the missing ones."""
+    record = {"done": [], "missing": []}
+    for key, result in runs.items():
+        record["done" if result is not None else "missing"].append(dict(zip(fields, key)))
+    return record
+
+
+def parallel_note(jobs, threads):
+    """What the machine field says about concurrency (results do not depend on it)."""
+    threads = fairseq_runs.threads_per_job(threads, jobs)
+    per_run = f"OMP_NUM_THREADS={threads}" if threads else "default threads"
+    if jobs == 1:
+        return f"one run at a time ({per_run})"
+    return f"--jobs {jobs}: {jobs} fairseq trainings at once, {per_run} each (results do not depend on it)"
+
+
+def read_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def join_notes(*notes):
+    return "; ".join(n for n in notes if n)

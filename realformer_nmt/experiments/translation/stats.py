@@ -1,0 +1,161 @@
+"""Statistics of a study: per-backbone summaries over seeds, run outcomes and sacreBLEU's
+paired bootstrap test (per seed, on the same test sentences)."""
+
+import statistics
+
+from ...errors import DataError
+from .. import fairseq_runs
+from .recipe import BACKBONE_DESCRIPTIONS, backbone_flags
+from .runs import run_hypotheses
+
+PAIRED_TEST_NOTE = ("sacreBLEU paired bootstrap resampling ({samples} resamples, seed 12345) of each seed's "
+                    "test hypotheses against the reference backbone's of the same seed, on the same sentences. "
+                    "It measures test-sentence sampling on one seed: p < 0.05 means that seed's BLEU difference "
+                    "is unlikely to come from the choice of test sentences; p of about 0.4-0.5 at a difference near "
+                    "zero is not evidence either way, and it says nothing about seed-to-seed variation (the "
+                    "seed-paired differences do)")
+
+
+def paired_bootstrap(baseline, system, references, samples=1000, bleu_args=None):
+    """sacreBLEU's paired bootstrap resampling (Koehn 2004) of ``system`` against ``baseline``
+    on the same sentences: ``{"p_value", "delta_bleu", "baseline_bleu", "system_bleu",
+    "system_ci95", "signature"}``. The p-value is sacreBLEU's ``--paired-bs`` (as Moses'
+    bootstrap script): the share of resamples whose absolute BLEU difference, centred on
+    its mean over the resamples, exceeds the observed absolute difference ((count + 1) /
+    (resamples + 1)); the resamples are seeded (SACREBLEU_SEED, default 12345), so the test
+    is repeatable."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    if len(baseline) != len(references) or len(system) != len(references):
+        raise DataError(f"paired test needs one hypothesis per reference: {len(baseline)} and "
+                        f"{len(system)} hypotheses for {len(references)} references")
+    signatures, scores = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": BLEU(**(bleu_args or {}))},
+                                    [references], test_type="bs", n_samples=samples)()
+    base, other = scores["BLEU"]
+    return {"p_value": float(other.p_value), "delta_bleu": round(other.score - base.score, 2),
+            "baseline_bleu": round(base.score, 2), "system_bleu": round(other.score, 2),
+            "system_ci95": round(float(other.ci), 2) if other.ci is not None else None,
+            "signature": str(signatures["BLEU"])}
+
+
+def paired_vs(baseline_runs, runs, references, samples=1000):
+    """One paired bootstrap test per seed: ``[{"seed", "p_value", "delta_bleu", ...}]``
+    (seeds where either run was not decoded are left out)."""
+    by_seed = {r["seed"]: r for r in baseline_runs}
+    out = []
+    for r in runs:
+        base = by_seed.get(r["seed"])
+        base_hyps, hyps = (run_hypotheses(base) if base else None), run_hypotheses(r)
+        if base_hyps is None or hyps is None:
+            continue
+        refs, bleu_args = fairseq_runs.paired_test_references(r, references)  # the headline's BLEU
+        out.append(dict(seed=r["seed"], **paired_bootstrap(base_hyps, hyps, refs, samples, bleu_args)))
+    return out
+
+
+def summarize_backbone(results, backbone, residual_mode):
+    bleus = [r["bleu"] for r in results]
+    losses = [r["best_valid_loss"] for r in results]
+    curves = [[[rec["update"], rec["loss"]] for rec in r["curve"]] for r in results]
+    mean_curve = fairseq_runs.mean_curve(curves)
+    finite_bleus = [b for b in bleus if b is not None]
+    finite_losses = [v for v in losses if v is not None]
+    return {
+        "bleu": round(statistics.mean(finite_bleus), 2) if finite_bleus else None,
+        "bleu_std": round(statistics.stdev(finite_bleus), 2) if len(finite_bleus) > 1 else None,
+        "bleu_per_seed": bleus,
+        "valid_loss": round(statistics.mean(finite_losses), 4) if finite_losses else None,
+        "valid_loss_per_seed": losses,
+        "updates": min(r["updates"] for r in results),
+        "seeds": [r["seed"] for r in results],
+        "status_per_seed": [classify(r, None, 0.0) for r in results],  # ok / diverged; studies add lagging
+        "fairseq_status_per_seed": [r["status"] for r in results],
+        "curve": [[u, round(m, 4)] for u, m, _, _ in mean_curve],
+        "curve_min_max": [[u, round(lo, 4), round(hi, 4)] for u, _, lo, hi in mean_curve],
+        "curve_per_seed": curves,
+        "train_seconds_per_seed": [r["train_seconds"] for r in results],
+        "decode_seconds_per_seed": [r["decode_seconds"] for r in results],
+        "checkpoints": [r["checkpoint"] for r in results],
+        "logs": [r["log"] for r in results],
+        "flags": backbone_flags(backbone, residual_mode),
+        "description": BACKBONE_DESCRIPTIONS[backbone],
+        # beside a tokenized-BLEU headline (IWSLT'14): each seed's lowercased sacreBLEU of the detokenized output
+        **({"sacrebleu_per_seed": [r.get("sacrebleu") for r in results]}
+           if any(r.get("bleu_convention") == "tokenized" for r in results) else {}),
+    }
+
+
+OUTCOMES = ("ok", "lagging", "diverged")  # the one vocabulary of run outcomes (docs/results.md)
+DIVERGED_RULE = ("diverged: fairseq stopped on NaN/inf (FloatingPointError: NaN/inf gradients, or fp16 "
+                 "'Minimum loss scale reached') or no finite validation loss")
+
+
+def outcome_rule(margin, reference):
+    """The outcome rule as the JSON states it, with the study's reference named."""
+    return (f"{DIVERGED_RULE}; lagging: finished, but its best valid loss is more than {margin:g} above "
+            f"the reference, {reference} (fairseq's label-smoothed loss, base 2); ok: neither")
+
+
+def classify(result, reference_loss, margin):
+    """``ok`` / ``lagging`` / ``diverged`` for one run against its study's reference loss."""
+    if result["status"] == "diverged" or result["best_valid_loss"] is None:
+        return "diverged"
+    if reference_loss is not None and result["best_valid_loss"] > reference_loss + margin:
+        return "lagging"
+    return "ok"
+
+
+def seed_paired(values, reference_values, seeds, reference_seeds, digits=2):
+    """Differences ``value - reference`` on the same seed: ``{"seeds", "per_seed", "mean"}``
+    plus, with 3 or more paired seeds, ``"sd"`` and ``"ci95"`` (Student t over seeds). Seeds
+    where either side has no value (a diverged run, a run not done) are left out."""
+    by_seed = dict(zip(reference_seeds, reference_values))
+    pairs = [(seed, v, by_seed[seed]) for seed, v in zip(seeds, values)
+             if seed in by_seed and v is not None and by_seed[seed] is not None]
+    per_seed = [round(v - ref, digits) for _, v, ref in pairs]
+    out = {"seeds": [seed for seed, _, _ in pairs], "per_seed": per_seed,
+           "mean": round(statistics.mean(per_seed), digits) if per_seed else None}
+    if len(per_seed) >= 3:
+        from scipy.stats import t
+
+        sd = statistics.stdev(per_seed)
+        half = float(t.ppf(0.975, len(per_seed) - 1)) * sd / len(per_seed) ** 0.5
+        mean = statistics.mean(per_seed)
+        out.update(sd=round(sd, digits), ci95=[round(mean - half, digits), round(mean + half, digits)])
+    return out
+
+
+def add_seed_paired(entries, metric="bleu_per_seed", backbone_of=None, digits=2):
+    """``seed_paired_vs_postln`` (and ``seed_paired_vs_preln`` where Pre-LN ran) on every entry
+    of ``entries`` (``{name: summary entry or None}``) but the reference itself; ``backbone_of``
+    maps a name to its backbone (default: the name)."""
+    backbone_of = backbone_of or (lambda name: name)
+    names = {backbone_of(k): k for k, e in entries.items() if e is not None}
+    for reference in ("postln", "preln"):
+        if reference not in names:
+            continue
+        ref = entries[names[reference]]
+        for k, e in entries.items():
+            if e is not None and backbone_of(k) != reference:
+                e[f"seed_paired_vs_{reference}"] = seed_paired(e[metric], ref[metric], e["seeds"], ref["seeds"],
+                                                               digits)
+    return entries
+
+
+def best_loss_per_seed(results, seeds):
+    """``{seed: lowest best valid loss among the finished runs of that seed}`` (None: none)."""
+    reference = {}
+    for seed in seeds:
+        losses = [r["best_valid_loss"] for r in results if r is not None and r["seed"] == seed
+                  and r["status"] == "finished" and r["best_valid_loss"] is not None]
+        reference[seed] = min(losses) if losses else None
+    return reference
+
+
+def outcome_entry(results, backbone, residual_mode, reference, margin):
+    """``summarize_backbone`` with each seed's outcome against ``reference[seed]``."""
+    entry = summarize_backbone(results, backbone, residual_mode)
+    entry["status_per_seed"] = [classify(r, reference[r["seed"]], margin) for r in results]
+    entry["reason_per_seed"] = [r["reason"] for r in results]
+    return entry

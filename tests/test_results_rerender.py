@@ -1,0 +1,268 @@
+"""Committed results re-render from their JSON alone, and their statistics hold.
+
+(a) every committed study JSON in results/ re-renders (``translation.rerender``) to exactly
+    the committed JSON and Markdown: the tables are a function of the JSON, and
+    re-rendering is idempotent;
+(b) every ``seed_paired_*`` record is recomputed here from ``bleu_per_seed`` (or the MLM
+    accuracies) with plain statistics and a printed t table, independent of the harness;
+(c) every run outcome is one of ``ok`` / ``lagging`` / ``diverged``;
+plus the stability-limit grid and partial (--report-only) reporting, with faked runs.
+"""
+
+import json
+import math
+import shutil
+import statistics
+
+import pytest
+from conftest import REPO
+from test_compare_backbones import m30k_slice, tiny_recipe  # noqa: F401  (fixture)
+
+from realformer_nmt.experiments import compare
+from realformer_nmt.experiments.translation import report, rerender, stability, stats
+from realformer_nmt.experiments.translation import runs as runs_module
+
+RESULTS = REPO / "results"
+STUDY_JSONS = sorted(p for p in RESULTS.glob("*.json") if rerender.kind(json.loads(p.read_text())) is not None)
+# two-sided 95% Student t quantiles t_{0.975, df} from a printed table (df = seeds - 1)
+T_975 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}
+
+
+def _no_plot(summary, path):
+    pass
+
+
+def test_the_committed_study_results_are_found():
+    names = {p.stem for p in STUDY_JSONS}
+    assert {"multi30k_en_de", "depth_stress", "path_ablation", "lr_stress", "mlm_wikitext2", "speed_cpu"} <= names
+
+
+@pytest.mark.parametrize("path", STUDY_JSONS, ids=lambda p: p.stem)
+def test_committed_results_rerender_identically(path, tmp_path, monkeypatch):
+    copy = tmp_path / path.name
+    shutil.copy(path, copy)
+    kind = rerender.kind(json.loads(path.read_text()))
+    if kind != "speed":  # PNGs are not compared; skip drawing them
+        markdown, _ = rerender.writers(kind)
+        monkeypatch.setattr(rerender, "writers", lambda k: (markdown, _no_plot))
+    assert rerender.rerender(str(copy), log=lambda m: None) == kind
+    assert (tmp_path / (path.stem + ".md")).read_text() == (RESULTS / (path.stem + ".md")).read_text()
+    assert json.loads(copy.read_text()) == json.loads(path.read_text())
+
+
+def _expected(values, reference, seeds, reference_seeds):
+    ref = dict(zip(reference_seeds, reference))
+    diffs = [v - ref[s] for s, v in zip(seeds, values) if s in ref and v is not None and ref[s] is not None]
+    return diffs
+
+
+def _check(record, values, reference, seeds, reference_seeds):
+    diffs = _expected(values, reference, seeds, reference_seeds)
+    assert record["per_seed"] == pytest.approx(diffs, abs=0.006)
+    if not diffs:
+        assert record["mean"] is None
+        return 1
+    mean = sum(diffs) / len(diffs)
+    assert record["mean"] == pytest.approx(mean, abs=0.006)
+    if len(diffs) < 3:
+        assert "sd" not in record and "ci95" not in record
+        return 1
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
+    half = T_975[len(diffs) - 1] * sd / math.sqrt(len(diffs))
+    assert record["sd"] == pytest.approx(sd, abs=0.006)
+    assert record["ci95"] == pytest.approx([mean - half, mean + half], abs=0.011)
+    return 1
+
+
+def _entries_checked(entries, metric, backbone_of=lambda k: k):
+    by_backbone = {backbone_of(k): e for k, e in entries.items() if e is not None}
+    checked = 0
+    for k, e in entries.items():
+        if e is None:
+            continue
+        for ref in ("postln", "preln"):
+            key = f"seed_paired_vs_{ref}"
+            if ref in by_backbone and backbone_of(k) != ref:
+                r = by_backbone[ref]
+                checked += _check(e[key], e[metric], r[metric], e["seeds"], r["seeds"])
+            else:
+                assert key not in e
+    return checked
+
+
+@pytest.mark.parametrize("path", [p for p in STUDY_JSONS if not p.stem.startswith("speed")], ids=lambda p: p.stem)
+def test_seed_paired_differences_recomputed_from_the_per_seed_values(path):
+    s = json.loads(path.read_text())
+    kind = rerender.kind(s)
+    if kind in ("comparison", "mlm"):
+        metric = "mlm_accuracy_per_seed" if kind == "mlm" else "bleu_per_seed"
+        checked = _entries_checked({b: s[b] for b in compare.MAIN_ORDER if b in s}, metric)
+    elif kind == "ablation":
+        checked = _entries_checked({k: s[k] for k in compare.ABLATION if k in s}, "bleu_per_seed",
+                                   compare.ABLATION.get)
+    elif kind == "depth":
+        checked = sum(_entries_checked(row, "bleu_per_seed") for row in s["depths"].values())
+    elif kind == "stability":
+        checked = sum(_entries_checked(row, "bleu_per_seed") for row in s["grid"].values())
+    else:  # lr sweep: {backbone: {lr: [run per seed]}}
+        checked = 0
+        for ref in ("postln", "preln"):
+            for b, by_lr in s.get(f"seed_paired_vs_{ref}", {}).items():
+                for lr, record in by_lr.items():
+                    runs, refs = s["runs"][b][lr], s["runs"][ref][lr]
+                    checked += _check(record, [e["bleu"] for e in runs], [e["bleu"] for e in refs],
+                                      [e["seed"] for e in runs], [e["seed"] for e in refs])
+        assert "seed_paired_vs_postln" in s
+    assert checked >= 2
+
+
+def _outcomes(obj):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k in ("status_per_seed",):
+                yield from v
+            elif k == "outcome":
+                yield v
+            else:
+                yield from _outcomes(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _outcomes(v)
+
+
+@pytest.mark.parametrize("path", [p for p in STUDY_JSONS if not p.stem.startswith("speed")], ids=lambda p: p.stem)
+def test_every_outcome_is_one_of_the_three_words(path):
+    outcomes = list(_outcomes(json.loads(path.read_text())))
+    assert outcomes and set(outcomes) <= set(stats.OUTCOMES)
+
+
+def test_main_table_quotes_the_seed_paired_difference():
+    md = (RESULTS / "multi30k_en_de.md").read_text()
+    s = json.loads((RESULTS / "multi30k_en_de.json").read_text())
+    record = s["realformer"]["seed_paired_vs_postln"]
+    assert f"{record['mean']:+.2f} ± {record['sd']:.2f}" in md
+
+
+def test_seed_paired_statistics_and_cells():
+    # 3 seeds: differences 1.0, 2.0, 3.0 -> mean 2, sd 1, half-width 4.303 / sqrt(3)
+    r = stats.seed_paired([11.0, 12.0, 13.0, None], [10.0, 10.0, 10.0, 10.0], [1, 2, 3, 4], [1, 2, 3, 4])
+    assert r["seeds"] == [1, 2, 3] and r["per_seed"] == [1.0, 2.0, 3.0] and r["mean"] == 2.0 and r["sd"] == 1.0
+    assert r["ci95"] == pytest.approx([2 - 4.303 / math.sqrt(3), 2 + 4.303 / math.sqrt(3)], abs=0.006)
+    assert "**" not in report.seed_paired_cell({"p": r}, "p")  # -0.48 to +4.48: contains zero
+    tight = stats.seed_paired([12.0, 12.1, 11.9], [10.0, 10.0, 10.0], [1, 2, 3], [1, 2, 3])
+    assert tight["sd"] == 0.1 and tight["ci95"][0] > 0
+    assert report.seed_paired_cell({"p": tight}, "p").count("**") == 2  # the interval excludes zero: bold
+    around_zero = stats.seed_paired([10.1, 9.8, 10.2], [10.0, 10.0, 10.0], [1, 2, 3], [1, 2, 3])
+    assert around_zero["ci95"][0] < 0 < around_zero["ci95"][1]
+    assert "**" not in report.seed_paired_cell({"p": around_zero}, "p")
+    two = stats.seed_paired([11.0, 9.5], [10.0, 10.0], [1, 2], [1, 2])
+    assert two == {"seeds": [1, 2], "per_seed": [1.0, -0.5], "mean": 0.25}
+    cell = report.seed_paired_cell({"p": two}, "p")
+    assert "+1.00" in cell and "-0.50" in cell and "±" not in cell
+    # a table's spread: ± sd with three seeds, never with two
+    assert report.spread(10.0, 1.0, [9.0, 10.0, 11.0]) == "10.00 ± 1.00"
+    assert "±" not in report.spread(10.0, 0.7, [9.5, 10.5]) and "9.50–10.50" in report.spread(10.0, 0.7, [9.5, 10.5])
+
+
+def _fake_run(backbone, seed, lr, loss, status="finished"):
+    return dict(status=status, reason=None if status == "finished" else "NaN/inf gradients", seed=seed,
+                backbone=backbone, lr=lr, best_valid_loss=loss, final_valid_loss=loss,
+                bleu=None if loss is None else round(40 - 3 * loss, 2), updates=10,
+                curve=[] if loss is None else [{"update": 10, "loss": loss}], train_seconds=1.0,
+                decode_seconds=1.0, checkpoint="c", log="l", signature=None, run_dir="r")
+
+
+def test_stability_grid_marks_runs_and_reports_a_partial_grid(m30k_slice, tmp_path, monkeypatch):  # noqa: F811
+    losses = {  # (lr, backbone, seed) -> best valid loss; None: diverged; missing: not run yet
+        (1e-3, "postln", 1): 9.0, (1e-3, "realformer", 1): 6.5, (1e-3, "postln", 2): 8.0,
+        (1e-3, "realformer", 2): 6.0, (5e-4, "postln", 1): 6.2, (5e-4, "realformer", 1): None,
+    }
+    seen = []
+
+    def fake_train_all(specs, data, references, recipe, residual_mode, threads, jobs, log, tag, report_only=False):
+        seen.extend(specs)
+        assert report_only
+        return {s[0]: (_fake_run(s[1], s[2], s[5], losses[s[0]], "diverged" if losses[s[0]] is None else "finished")
+                       if s[0] in losses else None) for s in specs}
+
+    monkeypatch.setattr(stability, "train_all", fake_train_all)
+    out = tmp_path / "depth"
+    summary = stability.stability_limit(str(m30k_slice), str(out), tiny_recipe(lr=1e-3), lrs=[5e-4, 1e-3], depth=3,
+                                        backbones=("postln", "realformer"), seeds=(1, 2), report_only=True,
+                                        results_path=str(tmp_path / "stab.json"), log=lambda m: None)
+    dirs = {s[0]: s[3] for s in seen}
+    # the recipe's own lr runs where the depth test puts its runs (reused there); others under lr<lr>/
+    assert dirs[(1e-3, "postln", 1)] == str(out / "L3" / "postln" / "seed1")
+    assert dirs[(5e-4, "realformer", 2)] == str(out / "lr0.0005" / "L3" / "realformer" / "seed2")
+    assert all(s[4].layers == 3 for s in seen)
+    d = json.loads((tmp_path / "stab.json").read_text())
+    assert d["grid"].keys() == summary["grid"].keys()
+    assert list(d["grid"]) == ["0.001", "0.0005"] and d["reference_loss_per_seed"] == {"1": 6.2, "2": 6.0}
+    # seed 1's reference 6.2: 9.0 lagging, 6.5 ok, None diverged; seed 2's 6.0: 8.0 lagging
+    assert d["grid"]["0.001"]["postln"]["status_per_seed"] == ["lagging", "lagging"]
+    assert d["grid"]["0.001"]["realformer"]["status_per_seed"] == ["ok", "ok"]
+    assert d["grid"]["0.0005"]["realformer"]["status_per_seed"] == ["diverged"]
+    assert d["grid"]["0.0005"]["postln"]["seeds"] == [1]
+    paired = d["grid"]["0.001"]["realformer"]["seed_paired_vs_postln"]
+    assert paired["per_seed"] == [pytest.approx(7.5), pytest.approx(6.0)] and "sd" not in paired
+    assert d["progress"]["missing"] == [{"lr": 5e-4, "backbone": "postln", "seed": 2},
+                                        {"lr": 5e-4, "backbone": "realformer", "seed": 2}]
+    assert len(d["progress"]["done"]) == 6
+    md = (tmp_path / "stab.md").read_text()
+    assert "Partial results" in md and "lagging, lagging" in md
+    # a cell with no finished run at all is "not run"
+    del losses[(5e-4, "realformer", 1)]
+    stability.stability_limit(str(m30k_slice), str(out), tiny_recipe(lr=1e-3), lrs=[5e-4, 1e-3], depth=3,
+                              backbones=("postln", "realformer"), seeds=(1, 2), report_only=True,
+                              results_path=str(tmp_path / "stab.json"), log=lambda m: None)
+    d = json.loads((tmp_path / "stab.json").read_text())
+    assert d["grid"]["0.0005"]["realformer"] is None
+    assert "| realformer | not run |" in (tmp_path / "stab.md").read_text()
+
+
+def test_report_only_comparison_keeps_only_the_finished_seeds(m30k_slice, tmp_path):  # noqa: F811
+    recipe, out = tiny_recipe(), tmp_path / "runs"
+    for backbone, seed, loss in (("postln", 1, 5.0), ("realformer", 1, 4.9), ("postln", 2, 5.1)):
+        run_dir = out / backbone / f"seed{seed}"
+        run_dir.mkdir(parents=True)
+        result = _fake_run(backbone, seed, None, loss)
+        result["command"] = compare.train_command(str(m30k_slice), backbone, recipe, seed, str(run_dir))
+        (run_dir / "result.json").write_text(json.dumps(result))
+    # a run of another recipe in a folder is not "finished" for this one
+    other = out / "realformer" / "seed2"
+    other.mkdir(parents=True)
+    stale = dict(_fake_run("realformer", 2, None, 4.0),
+                 command=compare.train_command(str(m30k_slice), "realformer", tiny_recipe(lr=5e-3), 2, str(other)))
+    (other / "result.json").write_text(json.dumps(stale))
+    assert runs_module.finished_run(str(m30k_slice), "realformer", recipe, 2, str(other)) is None
+    summary = compare.compare(str(m30k_slice), str(out), recipe, backbones=("postln", "realformer"), seeds=(1, 2),
+                              results_path=str(tmp_path / "partial.json"), report_only=True, log=lambda m: None)
+    assert summary["postln"]["seeds"] == [1, 2] and summary["realformer"]["seeds"] == [1]
+    assert summary["progress"]["missing"] == [{"backbone": "realformer", "seed": 2}]
+    assert summary["realformer"]["seed_paired_vs_postln"]["per_seed"] == [pytest.approx(0.3)]
+    md = (tmp_path / "partial.md").read_text()
+    assert "Partial results" in md and "realformer seed 2" in md
+    assert not (out / "realformer" / "seed2" / "train.log").exists()  # nothing trained
+    assert statistics.mean(summary["postln"]["bleu_per_seed"]) == summary["postln"]["bleu"]
+
+
+def test_stability_limit_flags_and_their_defaults(monkeypatch):
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))  # the script's own _cli.py
+
+    spec = importlib.util.spec_from_file_location("compare_backbones_cli", REPO / "scripts" / "compare_backbones.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    args = cli.parse_args(["--data", "d", "--out", "o", "--stability-limit", "--seeds", "1,2"])
+    assert args.lrs == [1e-3, 5e-4, 2.5e-4] and args.depths == [12] and args.max_update == 1200
+    assert args.backbones == list(stability.STABILITY_BACKBONES) and args.embed_dim == 128
+    assert cli.STABILITY_BACKBONES == stability.STABILITY_BACKBONES
+    assert cli.STABILITY_LRS == list(stability.STABILITY_LRS)
+    sweep = cli.parse_args(["--data", "d", "--out", "o", "--lr-sweep"])
+    assert sweep.lrs == [1e-3, 3e-3, 1e-2] and sweep.depths == [6, 12]
+    assert cli.parse_args(["--data", "d", "--out", "o", "--report-only"]).report_only
+    for bad in (["--stability-limit", "--depths", "6,12"], ["--depth-stress", "--report-only"],
+                ["--stability-limit", "--layers", "3"]):
+        with pytest.raises(SystemExit):
+            cli.parse_args(["--data", "d", "--out", "o", *bad])
