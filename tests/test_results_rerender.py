@@ -247,13 +247,9 @@ def test_report_only_comparison_keeps_only_the_finished_seeds(m30k_slice, tmp_pa
 
 
 def test_stability_limit_flags_and_their_defaults(monkeypatch):
-    import importlib.util
+    import importlib
 
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))  # the script's own _cli.py
-
-    spec = importlib.util.spec_from_file_location("compare_backbones_cli", REPO / "scripts" / "compare_backbones.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = importlib.import_module("realformer_nmt.cli.compare_backbones")  # what scripts/compare_backbones.py runs
     args = cli.parse_args(["--data", "d", "--out", "o", "--stability-limit", "--seeds", "1,2"])
     assert args.lrs == [1e-3, 5e-4, 2.5e-4] and args.depths == [12] and args.max_update == 1200
     assert args.backbones == list(stability.STABILITY_BACKBONES) and args.embed_dim == 128
