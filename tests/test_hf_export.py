@@ -11,7 +11,6 @@ import ast
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 
@@ -314,19 +313,27 @@ def spm_pieces_missing_from(data):
 @pytest.fixture(scope="module")
 @trains
 def pretrained_export(tmp_path_factory):
-    """A 16-update masked_lm_nsp run of realformer_bert_small (tiny dims) on WikiText-2 whose
-    dict.txt also lists the SentencePiece pieces the train text never produced (appended:
-    the binarized ids stay as they are), exported by the command-line script."""
-    from bert_helpers import pretrain_flags
+    """A 16-update masked_lm_nsp run of realformer_bert_small (tiny dims) on WikiText-2
+    prepared with ``--full-vocabulary`` (dict.txt also lists the SentencePiece pieces the
+    train text never produced, after fairseq's own entries), exported by the command-line
+    script."""
+    from bert_helpers import TEST_VOCAB, WIKITEXT2, pretrain_flags
     from cli_helpers import run
+
+    from realformer_nmt.data import pretraining
 
     prepared = prepared_wikitext2(tmp_path_factory)
     root = tmp_path_factory.mktemp("hf_pretrained")
     data = root / "data"
-    shutil.copytree(prepared, data)
-    with open(data / "dict.txt", "a", encoding="utf-8") as f:
-        f.writelines(f"{p} 0\n" for p in spm_pieces_missing_from(data))
+    pretraining.prepare_pretraining(str(WIKITEXT2), str(data), vocab_size=TEST_VOCAB, full_vocabulary=True,
+                                    log=lambda m: None)
     assert not spm_pieces_missing_from(data)
+    # the train text's own entries keep their ids: the same binaries as without the flag
+    own = (prepared / "dict.txt").read_text(encoding="utf-8").splitlines()
+    full = (data / "dict.txt").read_text(encoding="utf-8").splitlines()
+    assert full[:len(own)] == own and len(full) > len(own)
+    assert all(line.endswith(" 0") for line in full[len(own):])
+    assert (data / "train.bin").read_bytes() == (prepared / "train.bin").read_bytes()
     run("fairseq-train", *pretrain_flags(data, root / "ckpt"))
     out = root / "hf"
     proc = export_cli(root / "ckpt" / "checkpoint_last.pt", "--out", out, "--data", data)

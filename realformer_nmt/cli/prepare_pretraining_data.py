@@ -35,6 +35,11 @@ def parse_args(argv=None):
     p.add_argument("--valid-file", help="validation text, relative to --raw-dir (default: valid.txt "
                                         "or wiki.valid.tokens)")
     p.add_argument("--work-dir", help="intermediate text and piece files (default: OUT/work)")
+    p.add_argument("--full-vocabulary", action="store_true",
+                   help="dict.txt holds every SentencePiece piece (those the train text never produced with "
+                        "count 0), so the model's vocabulary is the SentencePiece model's: needed to export "
+                        "a model to Hugging Face with its tokenizer (scripts/export_hf.py). Default off "
+                        "(the committed results used the train text's dictionary)")
     p.add_argument("--json", help="also write the summary to this file")
     return p.parse_args(argv)
 
@@ -56,6 +61,7 @@ def main(argv=None):
         summary = pretraining.prepare_pretraining(
             args.raw_dir, args.out, vocab_size=args.vocab_size, work_dir=args.work_dir,
             train_file=args.train_file, valid_file=args.valid_file, model_type=args.model_type,
+            full_vocabulary=args.full_vocabulary,
         )
     except DataError as exc:
         return fail(exc)

@@ -45,6 +45,23 @@ STEPS = ("documents", "sentencepiece", "pieces", "binarize")
 OUTPUTS = ("dict.txt", "train.bin", "train.idx", "valid.bin", "valid.idx", "spm.model")
 
 
+def complete_dictionary(dict_path, spm_model):
+    """Append to fairseq ``dict_path`` (count 0) every piece ``spm_model`` can produce that it
+    lacks; return how many. Control pieces and SentencePiece's unknown piece are not pieces
+    of text; the ``<unk>`` literal is fairseq's own ``<unk>``."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=spm_model)
+    with open(dict_path, encoding="utf-8") as f:
+        present = {line.rsplit(" ", 1)[0] for line in f if line.strip()}
+    present |= {"<s>", "<pad>", "</s>", UNK_LITERAL}
+    missing = [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+               if not (sp.is_control(i) or sp.is_unknown(i)) and sp.id_to_piece(i) not in present]
+    with open(dict_path, "a", encoding="utf-8") as f:
+        f.writelines(f"{piece} 0\n" for piece in missing)
+    return len(missing)
+
+
 def find_raw_files(raw_dir, train_file=None, valid_file=None):
     """``{"train": path, "valid": path}``: explicit names (relative to ``raw_dir``), or the
     first of ``RAW_CANDIDATES`` that exists."""
@@ -69,7 +86,8 @@ def find_raw_files(raw_dir, train_file=None, valid_file=None):
     return files
 
 
-def pretraining_settings(raw_dir, vocab_size=None, train_file=None, valid_file=None, model_type="bpe"):
+def pretraining_settings(raw_dir, vocab_size=None, train_file=None, valid_file=None, model_type="bpe",
+                         full_vocabulary=False):
     """What ``prepare_pretraining`` records, and its key (settings + inputs' SHA-256)."""
     vocab_size = DEFAULT_VOCAB if vocab_size is None else vocab_size
     if vocab_size < MIN_VOCAB:
@@ -83,15 +101,25 @@ def pretraining_settings(raw_dir, vocab_size=None, train_file=None, valid_file=N
         "vocab_size": vocab_size,
         "model_type": model_type,
     }
+    if full_vocabulary:  # recorded only when on: data prepared before the flag keeps its key
+        settings["full_vocabulary"] = True
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     return settings, key
 
 
 def prepare_pretraining(raw_dir, out_dir, vocab_size=None, work_dir=None, train_file=None,
-                        valid_file=None, model_type="bpe", log=None):
-    """Build the pre-training data dir ``out_dir``; return the summary (also in prepare.json)."""
+                        valid_file=None, model_type="bpe", log=None, full_vocabulary=False):
+    """Build the pre-training data dir ``out_dir``; return the summary (also in prepare.json).
+
+    ``full_vocabulary``: ``dict.txt`` gets every piece SentencePiece can produce (those the
+    train text never produced with count 0, after fairseq's own entries, whose ids stay the
+    same), so a piece of new text is never fairseq's ``<unk>`` and the model's vocabulary is
+    exactly the SentencePiece model's: what ``scripts/export_hf.py`` needs to export a
+    tokenizer with fairseq's ids. Off by default: the committed results used the dictionary
+    of the train text alone."""
     log = log or pipeline.log
-    settings, key = pretraining_settings(raw_dir, vocab_size, train_file, valid_file, model_type)
+    settings, key = pretraining_settings(raw_dir, vocab_size, train_file, valid_file, model_type,
+                                         full_vocabulary)
     done = prepared(out_dir)
     if done is not None and done.get("key") == key:
         log(f"{out_dir} is already prepared from these inputs and settings: nothing to do")
@@ -160,9 +188,18 @@ def prepare_pretraining(raw_dir, out_dir, vocab_size=None, work_dir=None, train_
     log(f"[4/4] fairseq-preprocess --only-source -> {out_dir}")
     if not finished("binarize", *(os.path.join(out_dir, n) for n in OUTPUTS if n != "spm.model")):
         _remove(os.path.join(out_dir, "dict.txt"))  # fairseq-preprocess refuses to overwrite it
+        dict_flags = []
+        if settings.get("full_vocabulary"):
+            dict_dir = os.path.join(work_dir, "dict")
+            _remove(os.path.join(dict_dir, "dict.txt"))
+            pipeline.fairseq_preprocess("--only-source", "--trainpref", pieces["train"], "--destdir", dict_dir,
+                                        "--dict-only", "--workers", 1)
+            added = complete_dictionary(os.path.join(dict_dir, "dict.txt"), spm_model)
+            log(f"  --full-vocabulary: {added} SentencePiece pieces the train text never produced added to dict.txt")
+            dict_flags = ["--srcdict", os.path.join(dict_dir, "dict.txt")]
         pipeline.fairseq_preprocess(
             "--only-source", "--trainpref", pieces["train"], "--validpref", pieces["valid"],
-            "--destdir", out_dir, "--workers", 1,
+            "--destdir", out_dir, "--workers", 1, *dict_flags,
         )
         record("binarize", True)
     shutil.copyfile(spm_model, os.path.join(out_dir, "spm.model"))

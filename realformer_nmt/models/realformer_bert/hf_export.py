@@ -323,7 +323,8 @@ def sentencepiece_tokenizer(spm_model: str, dictionary, bert_pairs: bool, max_le
     if missing:
         raise ConfigError(f"the dictionary lacks {len(missing)} of {spm_model}'s pieces (e.g. {missing[:3]}): "
                           "fairseq maps them to <unk>, which no tokenizer over the pieces reproduces "
-                          "(give every piece a dict.txt entry before binarizing and training)")
+                          "(prepare the data with scripts/prepare_pretraining_data.py --full-vocabulary "
+                          "before training)")
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     score = {p: s for p, s in normal}
     floor = min(score.values(), default=0.0) - 1e6
