@@ -22,9 +22,18 @@ SMALL = ("--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder
          "--encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 --max-tokens 1024")
 
 
+def demo_env():
+    """The environment of a demo started by hand: the suite may itself run under `make test`,
+    whose MAKELEVEL would make the demo advise `make demo` (tested on its own below)."""
+    env = cli_env()
+    for name in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS"):
+        env.pop(name, None)
+    return env
+
+
 def demo(cwd, *args):
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True,
-                          env=cli_env(), timeout=600)
+                          env=demo_env(), timeout=600)
 
 
 def load_demo_module():
@@ -57,7 +66,7 @@ def test_demo_stopped_by_its_cap_says_so_and_the_same_command_finishes_it(tmp_pa
 
     # the command it printed, verbatim: continues at update 1 (not from scratch)
     second = subprocess.run(shlex.split(finish), cwd=tmp_path, capture_output=True, text=True,
-                            env=cli_env(), timeout=600)
+                            env=demo_env(), timeout=600)
     assert second.returncode == 3, second.stderr[-3000:]
     assert loaded_at(second.stderr) == 1
     assert second.stdout.startswith("TRAINING STOPPED EARLY: 2 of 3 updates done")
