@@ -50,7 +50,7 @@ TRAIN_FLAGS = (
 )
 
 
-# idle 2-core CPU, 3+3 layers d=256, --max-tokens 2048: 600 updates in 3.5-7 minutes (428.6 s: a clean clone, 2026-11-25)
+# idle 2-core CPU, 3+3 layers d=256, --max-tokens 2048: 600 updates in 3.5-7 minutes (428.6 s, 2026-11-25)
 SECONDS_PER_UPDATE = (0.35, 0.72)
 STATE_FILE = "demo_state.json"  # in --save-dir: the recipe of its checkpoints and whether it finished
 EXIT_STOPPED_EARLY = 3
