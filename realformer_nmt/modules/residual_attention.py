@@ -62,6 +62,7 @@ additive mask that only rounds the scores away: those rows are recomputed from d
 scores where they occur).
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -207,11 +208,6 @@ def kernel_rule_source() -> Tuple[str, str]:
         if os.path.isfile(path):
             return path, which
     return PACKAGED_KERNEL_RULE, "no rule file"
-
-
-def kernel_rule_path() -> str:
-    """Where the measured CUDA rule is read from (``kernel_rule_source``)."""
-    return kernel_rule_source()[0]
 
 
 @lru_cache(maxsize=None)
@@ -592,23 +588,20 @@ class ResidualMultiheadAttention(MultiheadAttention):
         terms = prev_state.terms + 1
         divisor = self._divisor(terms)
         bias = _additive_bias(prev, divisor, key_padding_mask, attn_mask, q.dtype)
-        if bias.requires_grad:
-            # only a backend that returns the mask's gradient (see mask_grad_backends)
+        # a mask that needs a gradient: only a backend that returns it (see mask_grad_backends)
+        restricted = bias.requires_grad
+        if restricted:
             from torch.nn.attention import sdpa_kernel
-
-            try:
-                with sdpa_kernel(mask_grad_backends(q.device)):
-                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self._dropout_p(),
-                                                         scale=1.0 / divisor)
-            except RuntimeError as exc:
-                if not _is_no_kernel_error(exc):
-                    raise
-                _log_bias_fallback_once(q.device, exc)
-                return self._materialized_forward(query, key, value, key_padding_mask, None, False, False,
-                                                  attn_mask, False, prev_state)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self._dropout_p(),
-                                                 scale=1.0 / divisor)
+        try:
+            with sdpa_kernel(mask_grad_backends(q.device)) if restricted else contextlib.nullcontext():
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self._dropout_p(),
+                                                     scale=1.0 / divisor)
+        except RuntimeError as exc:
+            if not (restricted and _is_no_kernel_error(exc)):
+                raise
+            _log_bias_fallback_once(q.device, exc)
+            return self._materialized_forward(query, key, value, key_padding_mask, None, False, False,
+                                              attn_mask, False, prev_state)
         out = self._uniform_rows_without_real_keys(out, v, key_padding_mask, attn_mask, False)
         output = self._project_out(out, tgt_len, bsz)
         # A_n = A_{n-1} + q k^T is formed by the next layer that asks for it
