@@ -2,7 +2,9 @@
 
 import argparse
 import json
+import logging
 import os
+import warnings
 
 
 def comma_list(kind=str, choices=None):
@@ -37,3 +39,30 @@ def user_dir():
     """The folder of the ``realformer_nmt`` package these commands belong to (an installed
     wheel's or a checkout's): the value of fairseq's ``--user-dir``."""
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def input_output_error(source, out):
+    """The one-line error for a missing input or an ``--out`` that is a file, else None.
+    Commands check this before the slow import of fairseq."""
+    if not os.path.exists(source):
+        return f"{source}: no such file or folder"
+    if os.path.exists(out) and not os.path.isdir(out):
+        return f"--out {out} exists and is not a folder"
+    return None
+
+
+def quiet_fairseq_import():
+    """Keep fairseq's import-time INFO lines and hydra's warnings about its own deprecated
+    usage off a command's output."""
+    logging.basicConfig(format="%(message)s", level=logging.WARNING)
+    warnings.filterwarnings("ignore", message=r"(?s).*(hydra|Hydra|ConfigStore|version_base|package header)")
+
+
+def exit_zero(main):
+    """The console command for ``main``: it runs ``main(argv)`` and exits with status 0
+    (``main`` itself returns its result, for callers)."""
+    def command(argv=None):
+        """The console command: main(), then exit status 0."""
+        main(argv)
+        return 0
+    return command

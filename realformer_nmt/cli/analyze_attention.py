@@ -31,6 +31,8 @@ import realformer_nmt  # noqa: F401  (registers the models; safe checkpoint load
 from realformer_nmt.errors import ConfigError
 from realformer_nmt.experiments.attention_analysis import analyze_and_report
 
+from ._common import exit_zero
+
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,10 +77,7 @@ def main(argv=None):
     return result
 
 
-def command(argv=None):
-    """The console command: main(), then exit status 0 (main returns the result, for callers)."""
-    main(argv)
-    return 0
+command = exit_zero(main)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import json
 import os
 import sys
 
-from ._common import comma_list
+from ._common import comma_list, exit_zero
 
 
 def main(argv=None):
@@ -70,10 +70,7 @@ def main(argv=None):
     return result
 
 
-def command(argv=None):
-    """The console command: main(), then exit status 0 (main returns the result, for callers)."""
-    main(argv)
-    return 0
+command = exit_zero(main)
 
 
 if __name__ == "__main__":

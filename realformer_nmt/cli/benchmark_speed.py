@@ -20,7 +20,7 @@ import platform
 import sys
 import time
 
-from ._common import comma_list
+from ._common import comma_list, exit_zero
 
 SIZE_NAMES = ("iwslt", "base", "big", "toy")
 
@@ -106,10 +106,7 @@ def main(argv=None):
     return results
 
 
-def command(argv=None):
-    """The console command: main(), then exit status 0 (main returns the result, for callers)."""
-    main(argv)
-    return 0
+command = exit_zero(main)
 
 
 if __name__ == "__main__":

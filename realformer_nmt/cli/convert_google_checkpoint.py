@@ -21,11 +21,9 @@ is an error. Re-running overwrites OUT's files.
 
 import argparse
 import logging
-import os
 import sys
-import warnings
 
-from ._common import emit_json
+from ._common import emit_json, input_output_error, quiet_fairseq_import
 
 
 def parse_args(argv=None):
@@ -52,13 +50,10 @@ def fail(message):
 
 def main(argv=None):
     args = parse_args(argv)
-    if not os.path.exists(args.source):  # before the slow import of fairseq
-        return fail(f"{args.source}: no such file or folder")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        return fail(f"--out {args.out} exists and is not a folder")
-    logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
-    # fairseq's config composition (hydra) warns about its own deprecated usage
-    warnings.filterwarnings("ignore", message=r"(?s).*(hydra|Hydra|ConfigStore|version_base|package header)")
+    error = input_output_error(args.source, args.out)  # before the slow import of fairseq
+    if error:
+        return fail(error)
+    quiet_fairseq_import()
     from realformer_nmt.errors import RealFormerError
     from realformer_nmt.models.realformer_bert import google_checkpoint
 
