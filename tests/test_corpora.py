@@ -1,6 +1,7 @@
 """Corpus building and preparation: synthetic grammar, Multi30k loader, prepare pipeline."""
 
 import gzip
+import math
 import os
 import subprocess
 import sys
@@ -276,8 +277,17 @@ def test_prepare_records_languages_and_the_harness_reads_them(tmp_path):
     assert (info["src"], info["tgt"], info["title"]) == ("en", "fr", "Multi30k En->Fr")
     assert compare.test_references(str(dest)) == summary["test_files"]["tgt"]
     flags = compare.Recipe().generate_flags(info)
-    assert flags[flags.index("--max-len-a") + 1] == str(max(1.5, round(1.5 * summary["length_ratio"], 1)))
+    tenths = math.floor(summary["length_ratio"] * 10 + 0.5)
+    assert flags[flags.index("--max-len-a") + 1] == str(max(1.5, math.floor(1.5 * tenths + 0.5) / 10))
     assert flags[flags.index("--remove-bpe") + 1] == "sentencepiece"
+
+
+def test_max_len_a_keeps_en_de_at_its_committed_bound():
+    """The committed En->De results decoded with --max-len-a 1.5: its measured piece ratio
+    (1.0346) must still give 1.5, and En->Fr's (1.13) the 1.7 its runs used."""
+    from realformer_nmt.experiments.translation.recipe import max_len_a
+
+    assert [max_len_a(r) for r in (None, 0.8, 1.0346, 1.13, 1.26)] == [1.5, 1.5, 1.5, 1.7, 2.0]
 
 
 def test_en_de_data_without_language_records_keeps_its_bounds(tmp_path):

@@ -94,6 +94,7 @@ marks them "not run"; the same command without it trains the missing runs.
 
 import argparse
 import logging
+import os
 import shlex
 import sys
 import time
@@ -121,6 +122,11 @@ def parse_args(argv=None):
     io.add_argument("--results", default=None,
                     help="summary JSON path; .md and .png are written next to it "
                          "(default: OUT/comparison.json, or OUT/lr_stress.json with --lr-sweep)")
+    io.add_argument("--import-results", metavar="FILE", default=None,
+                    help="take the runs that FILE (a committed results JSON of the main comparison or, with "
+                         "--depth-stress, of the depth stress test) holds into --out instead of training them "
+                         "again; refused unless FILE's recipe is the one asked for. Runs already in --out are "
+                         "kept. fairseq's CPU training is reproducible, so this equals training them here")
     io.add_argument("--title", default=None,
                     help="corpus name used in tables and plots (default: from DATA/prepare.json, "
                          "e.g. 'Multi30k En->De')")
@@ -225,6 +231,10 @@ def parse_args(argv=None):
                                    ("--path-ablation", args.path_ablation)) if on]
     if len(modes) > 1:
         p.error(f"{' and '.join(modes)} are separate experiments: give one")
+    if args.import_results and modes and modes != ["--depth-stress"]:
+        p.error(f"--import-results applies to the main comparison and --depth-stress, not {modes[0]}")
+    if args.import_results and not os.path.isfile(args.import_results):
+        p.error(f"--import-results {args.import_results}: no such file")
     if args.report_only and modes and modes != ["--stability-limit"]:
         p.error(f"--report-only applies to the main comparison and --stability-limit, not {modes[0]}")
     deep = args.depth_stress or args.stability_limit
@@ -281,6 +291,11 @@ def main(argv=None):
         common = dict(seeds=args.seeds, residual_mode=args.residual_attention_mode,
                       references=args.references, results_path=args.results, machine_note=args.machine_note,
                       threads=args.threads, log=log, title=args.title, jobs=args.jobs)
+        if args.import_results:
+            from realformer_nmt.experiments.translation.imports import import_results
+
+            import_results(args.import_results, args.data, args.out, recipe, args.residual_attention_mode,
+                           study="depth" if args.depth_stress else "compare", log=log)
         if args.lr_sweep:
             summary = compare.lr_sweep(args.data, args.out, recipe, args.lrs, normal_lr=args.normal_lr,
                                        margin=args.divergence_margin, backbones=args.backbones, **common)

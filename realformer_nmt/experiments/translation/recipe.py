@@ -6,6 +6,7 @@ reads a data folder's ``prepare.json`` (languages, BPE, raw test files, length b
 """
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -168,10 +169,12 @@ CORPUS_NAMES = {"multi30k": "Multi30k", "synthetic": "Synthetic", "iwslt14": "IW
 
 def max_len_a(length_ratio):
     """fairseq-generate's ``--max-len-a`` from the corpus's target/source piece ratio: 1.5 x
-    the ratio, never below 1.5 (En->De's committed bound), rounded to one decimal."""
+    the ratio rounded to one decimal, the product rounded to one decimal (halves up), never
+    below 1.5. En->De (ratio 1.03 -> 1.0) keeps its committed 1.5; En->Fr (1.13 -> 1.1) gets 1.7."""
     if not length_ratio:
         return 1.5
-    return max(1.5, round(1.5 * length_ratio, 1))
+    tenths = math.floor(length_ratio * 10 + 0.5)
+    return max(1.5, math.floor(1.5 * tenths + 0.5) / 10)
 
 
 def corpus_info(data):

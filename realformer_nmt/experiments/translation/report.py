@@ -111,6 +111,33 @@ def recipe_lines(summary):
         lines += [f"Paired test: {summary['paired_test']}.", ""]
     lines += [f"Machine: {summary['machine']}. Wall times depend on the load of the machine; the "
               "budget is a fixed number of updates, identical for every backbone.", ""]
+    return lines + imported_lines(summary)
+
+
+def imported_runs(summary, label=()):
+    """``{file: ["<depth>+<depth> <backbone> seed <k>", ...]}``: the runs of a summary taken
+    from a committed results file (``--import-results``) rather than trained in its run folder."""
+    found = {}
+    for key, value in summary.items():
+        if not isinstance(value, dict) or key in ("recipe", "progress"):
+            continue
+        if "imported_from_per_seed" in value:
+            name = " ".join((f"{label[0]}+{label[0]}",) if label else ()) + (" " if label else "") + key
+            for seed, source in zip(value["seeds"], value["imported_from_per_seed"]):
+                if source:
+                    found.setdefault(source, []).append(f"{name} seed {seed}")
+        elif key.isdigit():
+            for source, runs in imported_runs(value, (key,)).items():
+                found.setdefault(source, []).extend(runs)
+    return found
+
+
+def imported_lines(summary):
+    """The Markdown note naming the imported runs (none: no lines)."""
+    lines = []
+    for source, runs in imported_runs(summary).items():
+        lines += [f"Taken from `{source}` (trained earlier with the identical recipe; fairseq's CPU training is "
+                  f"reproducible, so they were not trained again): {', '.join(runs)}.", ""]
     return lines
 
 

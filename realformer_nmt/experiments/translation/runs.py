@@ -74,8 +74,11 @@ def finished_run(data, backbone, recipe, seed, run_dir, residual_mode="sum", lr=
 def run_hypotheses(result):
     """The detokenized test hypotheses of a scored run, in corpus order (None if not decoded)."""
     path = os.path.join(result["run_dir"], "generate.txt")
-    if result.get("bleu") is None or not os.path.exists(path):
-        return None  # not decoded, or a record reused without its decode output
+    imported = os.path.join(result["run_dir"], "hypotheses.txt")  # a run taken from a results file
+    if result.get("bleu") is None:
+        return None  # not decoded
+    if not os.path.exists(path):
+        return read_lines(imported) if os.path.exists(imported) else None
     hyps = fairseq_runs.parse_generate_output(fairseq_runs.read_log(path))
     return [hyps[i] for i in range(len(hyps))]
 

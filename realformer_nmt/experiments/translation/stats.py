@@ -83,6 +83,9 @@ def summarize_backbone(results, backbone, residual_mode):
         # beside a tokenized-BLEU headline (IWSLT'14): each seed's lowercased sacreBLEU of the detokenized output
         **({"sacrebleu_per_seed": [r.get("sacrebleu") for r in results]}
            if any(r.get("bleu_convention") == "tokenized" for r in results) else {}),
+        # runs taken from a committed results file (--import-results), not trained in this run folder
+        **({"imported_from_per_seed": [r.get("imported_from") for r in results]}
+           if any(r.get("imported_from") for r in results) else {}),
     }
 
 

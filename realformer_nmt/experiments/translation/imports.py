@@ -1,0 +1,166 @@
+"""Runs that a committed results file already holds, taken into a study's run folder instead
+of being trained again (``compare_backbones.py --import-results FILE``).
+
+A results JSON of the main comparison or of the depth stress test keeps every seed's record
+per backbone (test BLEU, best validation loss and the validation curve, outcome, times) and,
+for the main comparison, every run's test hypotheses in ``<stem>_hyps/``. When its recipe is
+the one asked for (the same fairseq-train command but for the save dir, the same decode
+flags, the same data dir name and the same backbone flags), each of its runs that the run
+folder does not hold yet is written there as ``result.json`` (``imported_from`` names the
+file), with its hypotheses as ``hypotheses.txt``. The study then counts it as finished: it is
+reported, tested against the new runs of the same seed, and not trained again. A different
+recipe is refused, naming the first flag that differs.
+
+This is sound only because fairseq's CPU training is reproducible: the same command gives
+the same validation losses (docs/results.md records the check for the committed files).
+"""
+
+import os
+import shlex
+from dataclasses import replace
+
+from ...errors import ConfigError, DataError
+from .. import fairseq_runs
+from .recipe import VARIANTS, backbone_flags, corpus_info, train_command
+
+STUDIES = ("compare", "depth")
+
+
+def _normalized(cmd):
+    """A fairseq command as compared here: tool name without its folder, the data dir's name,
+    no ``--save-dir`` or ``--user-dir`` values."""
+    cmd = [str(c) for c in cmd]
+    out = [os.path.basename(cmd[0]), os.path.basename(os.path.normpath(cmd[1]))] if len(cmd) > 1 else list(cmd)
+    skip = False
+    for c in cmd[2:]:
+        if skip:
+            skip = False
+            continue
+        if c in ("--save-dir", "--user-dir"):
+            skip = True
+            continue
+        out.append(c)
+    return out
+
+
+def _first_difference(recorded, wanted):
+    """The first place two normalized commands differ, named by its flag: ``--lr 0.001 where
+    this run has --lr 0.0005``."""
+    for i, (a, b) in enumerate(zip(recorded, wanted)):
+        if a != b:
+            flag = next((c for c in reversed(recorded[:i]) if c.startswith("--")), None) \
+                if not a.startswith("--") and not b.startswith("--") else None
+            a, b = (f"{flag} {a}", f"{flag} {b}") if flag else (a, b)
+            return f"{a} where this run has {b}"
+    longer, name = (recorded, "the file's") if len(recorded) > len(wanted) else (wanted, "this run's")
+    return f"{name} command goes on: {' '.join(longer[min(len(recorded), len(wanted)):])}"
+
+
+def _check_recipe(path, summary, data, recipe, residual_mode, depth):
+    record = summary.get("recipe") or {}
+    example = record.get("example_train_command")
+    if not example:
+        raise DataError(f"--import-results {path}: it records no example_train_command (not a results file of "
+                        "the main comparison or the depth stress test)")
+    recorded = shlex.split(example)
+    backbones = [b for b in record.get("backbone_flags", {})]
+    if not backbones or backbones[0] not in VARIANTS:
+        raise DataError(f"--import-results {path}: its recipe names no known backbone")
+    seed = (record.get("seeds") or [1])[0]
+    wanted = train_command(data, backbones[0], replace(recipe, layers=depth) if depth else recipe, seed,
+                           "<run_dir>", residual_mode)
+    if _normalized(recorded) != _normalized(wanted):
+        raise ConfigError(f"--import-results {path}: its runs were trained with another recipe: "
+                          f"{_first_difference(_normalized(recorded), _normalized(wanted))}")
+    generate = recipe.generate_flags(corpus_info(data))
+    if _normalized(["g", "d"] + record.get("generate_flags", [])) != _normalized(["g", "d"] + generate):
+        raise ConfigError(f"--import-results {path}: its runs were decoded with other flags: "
+                          f"{' '.join(record.get('generate_flags', []))}")
+
+
+def _entries(summary, study):
+    """``(depth or None, backbone, entry)`` for every backbone record of the file."""
+    if study == "depth":
+        if "depths" not in summary:
+            raise DataError("--import-results: not a depth stress results file (no 'depths'); "
+                            "give it with --depth-stress, or a main comparison file without it")
+        for depth, row in summary["depths"].items():
+            for b, entry in row.items():
+                if entry is not None:
+                    yield int(depth), b, entry
+        return
+    if "depths" in summary or "grid" in summary:
+        raise DataError("--import-results: a depth or grid results file; give a main comparison file "
+                        "(or --depth-stress with a depth stress file)")
+    for b, entry in summary.items():
+        if b in VARIANTS and isinstance(entry, dict):
+            yield None, b, entry
+
+
+def run_records(path, data, out, recipe, residual_mode="sum", study="compare"):
+    """``{run_dir: (result record, hypotheses or None)}`` for every run of the results file
+    ``path`` (its recipe checked against ``recipe``); nothing is written."""
+    if study not in STUDIES:
+        raise ConfigError(f"--import-results applies to the main comparison and --depth-stress, not {study}")
+    summary = fairseq_runs.read_json(path)
+    if not isinstance(summary, dict):
+        raise DataError(f"--import-results {path}: no such results file, or not JSON")
+    hyps_dir = os.path.splitext(path)[0] + "_hyps"
+    convention = (summary.get("recipe", {}).get("corpus") or {}).get("bleu", "sacrebleu")
+    entries = list(_entries(summary, study))
+    # the file's example command has its first depth's layers (the depth test records it so)
+    first_depth = min(d for d, _, _ in entries) if study == "depth" else None
+    _check_recipe(path, summary, data, recipe, residual_mode, first_depth)
+    records = {}
+    for depth, b, entry in entries:
+        if entry.get("flags") != backbone_flags(b, residual_mode):
+            raise ConfigError(f"--import-results {path}: its {b} ran with {' '.join(entry.get('flags') or [])}, "
+                              f"this recipe gives {' '.join(backbone_flags(b, residual_mode))}")
+        run_recipe = replace(recipe, layers=depth) if depth else recipe
+        base = os.path.join(out, f"L{depth}") if depth else out
+        for i, seed in enumerate(entry["seeds"]):
+            run_dir = os.path.join(base, b, f"seed{seed}")
+            curve = [{"update": u, "loss": loss} for u, loss in entry["curve_per_seed"][i]]
+            per_seed = {k: (entry.get(f"{k}_per_seed") or [None] * len(entry["seeds"]))[i]
+                        for k in ("sacrebleu", "reason")}
+            bleu = entry["bleu_per_seed"][i]
+            record = dict(
+                backbone=b, seed=seed, lr=run_recipe.lr, status=entry["fairseq_status_per_seed"][i],
+                reason=per_seed["reason"], updates=entry["updates"], curve=curve,
+                best_valid_loss=entry["valid_loss_per_seed"][i],
+                final_valid_loss=curve[-1]["loss"] if curve else None,
+                bleu=bleu, sacrebleu=per_seed["sacrebleu"],
+                signature=summary.get("sacrebleu_signature") if bleu is not None else None,
+                bleu_convention=convention,
+                seconds=entry["train_seconds_per_seed"][i], train_seconds=entry["train_seconds_per_seed"][i],
+                decode_seconds=entry["decode_seconds_per_seed"][i],
+                checkpoint=entry["checkpoints"][i], log=entry["logs"][i],
+                command=train_command(data, b, run_recipe, seed, run_dir, residual_mode),
+                imported_from=path,
+            )
+            hyps_path = os.path.join(hyps_dir, f"{b}_seed{seed}.txt")
+            hyps = None
+            if bleu is not None and convention != "tokenized" and os.path.exists(hyps_path):
+                with open(hyps_path, encoding="utf-8") as f:
+                    hyps = f.read()
+            records[run_dir] = (record, hyps)
+    return records
+
+
+def import_results(path, data, out, recipe, residual_mode="sum", study="compare", log=print):
+    """Write every run of ``path`` that ``out`` does not hold yet (see the module's text);
+    returns the run folders written."""
+    written = []
+    for run_dir, (record, hyps) in run_records(path, data, out, recipe, residual_mode, study).items():
+        if os.path.exists(os.path.join(run_dir, "result.json")) or os.path.exists(
+                os.path.join(run_dir, "checkpoint_last.pt")):
+            continue  # trained (or training) here: never replaced
+        os.makedirs(run_dir, exist_ok=True)
+        if hyps is not None:
+            with open(os.path.join(run_dir, "hypotheses.txt"), "w", encoding="utf-8") as f:
+                f.write(hyps)
+        fairseq_runs.write_json(os.path.join(run_dir, "result.json"), record)
+        written.append(run_dir)
+    log(f"[import] {len(written)} finished runs taken from {path} into {out}"
+        + (f" ({', '.join(os.path.relpath(d, out) for d in written)})" if written else ""))
+    return written
