@@ -4,15 +4,22 @@
   # the CPU comparison in results/ (3+3 layers, d=256; seeds 1-3, two trainings at once):
   python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/m30k \\
       --max-update 1800 --seeds 1,2,3 --jobs 2 --results results/multi30k_en_de.json
+  # ... with RealFormer on Pre-LN added, the committed runs taken from the results file (only
+  # realformer_preln trains; the recipe must be the file's):
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/m30k \\
+      --backbones postln,preln,realformer,realformer_preln --max-update 1800 --seeds 1,2,3 --jobs 2 \\
+      --import-results results/multi30k_en_de.json --results results/multi30k_en_de.json
 
   # the same recipe on a second language pair (prepare_data.py --corpus multi30k --src en --tgt fr):
   python scripts/compare_backbones.py --data data-bin/multi30k_en_fr --out runs/compare/m30k_en_fr \\
       --backbones postln,preln,realformer,realformer_preln --max-update 1800 --seeds 1,2,3 --jobs 2 \\
       --results results/multi30k_en_fr.json
 
-  # depth stress test: 6+6 and 12+12 layers, d=128, 4 backbones (incl. RealFormer mean), 2 seeds:
+  # depth stress test: 6+6 and 12+12 layers, d=128, 5 backbones (incl. RealFormer mean and on
+  # Pre-LN), 2 seeds; the committed runs are taken from the results file, not trained again:
   python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/depth \\
-      --depth-stress --seeds 1,2 --jobs 2 --results results/depth_stress.json
+      --depth-stress --seeds 1,2 --jobs 2 --import-results results/depth_stress.json \\
+      --results results/depth_stress.json
 
   # which path matters: encoder / decoder / cross alone, all three, Post-LN (reuses the runs above):
   python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/m30k \\
@@ -48,7 +55,7 @@ Backbones (only these flags differ between them):
   preln               fairseq's `transformer` --encoder-normalize-before --decoder-normalize-before
   realformer          `realformer_transformer`, residual attention on all three paths
                       (--residual-attention-mode selects sum or mean)
-  realformer_mean     the same with --residual-attention-mode mean (the depth test's fourth backbone)
+  realformer_mean     the same with --residual-attention-mode mean (a depth test backbone)
   realformer_preln    `realformer_transformer`, all three paths, Pre-LN
                       (--encoder-normalize-before --decoder-normalize-before); tested against
                       preln as well as postln (paired_vs_preln)
@@ -104,7 +111,7 @@ from ._common import comma_list
 BACKBONES = ("postln", "preln", "realformer")
 VARIANTS = BACKBONES + ("realformer_mean", "realformer_preln", "realformer_encoder", "realformer_decoder",
                        "realformer_cross")
-DEPTH_BACKBONES = ("postln", "preln", "realformer", "realformer_mean")
+DEPTH_BACKBONES = ("postln", "preln", "realformer", "realformer_mean", "realformer_preln")
 DEPTH_SIZE = dict(embed_dim=128, ffn_dim=512, heads=4)  # compare.DEPTH_SIZE (kept here: --help without fairseq)
 STABILITY_BACKBONES = ("postln", "realformer", "realformer_mean", "preln", "realformer_preln")  # stability.py's
 STABILITY_LRS = [1e-3, 5e-4, 2.5e-4]
@@ -136,7 +143,7 @@ def parse_args(argv=None):
     what = p.add_argument_group("what to train")
     what.add_argument("--backbones", type=comma_list(str), default=None,
                       help=f"comma list of {', '.join(VARIANTS)} (default: postln,preln,realformer; "
-                           "with --depth-stress also realformer_mean)")
+                           "with --depth-stress also realformer_mean and realformer_preln)")
     what.add_argument("--residual-attention-mode", choices=("sum", "mean"), default="sum",
                       help="RealFormer's rule: softmax over the running sum or mean of scores (default: sum)")
     what.add_argument("--seeds", type=comma_list(int), default=[1], help="comma list of seeds (default: 1)")

@@ -15,7 +15,7 @@ from .. import fairseq_runs
 
 BACKBONES = ("postln", "preln", "realformer")  # the main comparison's default set
 MAIN_ORDER = BACKBONES + ("realformer_preln", "realformer_mean")  # table and plot order of a comparison
-DEPTH_BACKBONES = ("postln", "preln", "realformer", "realformer_mean")
+DEPTH_BACKBONES = ("postln", "preln", "realformer", "realformer_mean", "realformer_preln")
 
 
 # path-ablation key -> backbone; "all" and "postln" are the main comparison's runs
