@@ -73,7 +73,8 @@ def test_another_recipe_is_refused_naming_the_flag(m30k_slice, committed, tmp_pa
         imports.import_results(str(committed), str(m30k_slice), str(tmp_path), tiny_recipe(max_update=5))
     with pytest.raises(ConfigError, match="--dropout 0.1 where this run has --dropout 0.3"):
         imports.import_results(str(committed), str(m30k_slice), str(tmp_path), tiny_recipe(dropout=0.3))
-    with pytest.raises(ConfigError, match="its realformer ran with .* --residual-attention-mode sum, this recipe gives .* --residual-attention-mode mean"):
+    with pytest.raises(ConfigError, match="its realformer ran with .* --residual-attention-mode sum, "
+                                          "this recipe gives .* --residual-attention-mode mean"):
         imports.import_results(str(committed), str(m30k_slice), str(tmp_path), tiny_recipe(), residual_mode="mean")
     assert not any(tmp_path.iterdir())  # nothing written on a refusal
 
