@@ -13,6 +13,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import sacrebleu
@@ -307,3 +308,26 @@ def test_mean_curve_over_seeds_uses_the_updates_every_seed_has():
     curves = [[[100, 6.0], [200, 5.0], [300, 4.0]], [[100, 8.0], [200, 4.0]]]
     assert fairseq_runs.mean_curve(curves) == [[100, 7.0, 6.0, 8.0], [200, 4.5, 4.0, 5.0]]
     assert fairseq_runs.finite_or_none({"a": [float("nan"), 1.5], "b": float("inf")}) == {"a": [None, 1.5], "b": None}
+
+
+def test_train_time_of_a_killed_attempt_ends_at_its_last_logged_line(tmp_path):
+    """A run killed twice and resumed: each killed attempt counts until the last line it
+    logged, not until the log's last change (the next attempt's lines) nor the next start."""
+    t0 = 1_795_000_000.0
+
+    def stamp(t):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+    log = tmp_path / "train.log"
+    log.write_text(f"### {stamp(t0)} running: fairseq-train\n{stamp(t0 + 40)} | INFO | epoch 001: 50\n"
+                   "a line without a time\n"
+                   f"### {stamp(t0 + 3600)} running: fairseq-train\n{stamp(t0 + 3605)} | INFO | loaded\n"
+                   f"### {stamp(t0 + 3700)} running: fairseq-train\n{stamp(t0 + 5000)} | INFO | done\n")
+    # starts have fractions of a second; the "###" header of an attempt is stamped in whole seconds
+    attempts = [{"start": t0 + 0.2, "end": None}, {"start": t0 + 3600.4, "end": None},
+                {"start": t0 + 3700.6, "end": t0 + 5100}]
+    assert fairseq_runs._attempt_seconds(attempts, str(log)) == pytest.approx(39.8 + 4.6 + 1399.4)
+    # the last attempt, killed too, still ends at the log's last change
+    os.utime(log, (t0 + 5010, t0 + 5010))
+    attempts[-1]["end"] = None
+    assert fairseq_runs._attempt_seconds(attempts, str(log)) == pytest.approx(39.8 + 4.6 + 1309.4)

@@ -269,12 +269,37 @@ def same_recipe(cmd_a, cmd_b):
     return key(cmd_a) == key(cmd_b)
 
 
+_LOG_TIME = re.compile(r"^(?:### )?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+
+
+def _log_times(log_path):
+    """The local times (seconds since the epoch) stamped on the lines of ``log_path``."""
+    times = []
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                m = _LOG_TIME.match(line)
+                if m:
+                    times.append(time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")))
+    except OSError:
+        pass
+    return times
+
+
 def _attempt_seconds(attempts, log_path):
-    """Wall seconds of all attempts; one killed without recording its end ends at the log's mtime."""
-    total = 0.0
-    for att in attempts:
+    """Wall seconds of all attempts. One killed without recording its end ends at the last
+    line it logged: the log's last time stamp before the next attempt started (the log's
+    mtime for the last attempt), so neither the time a killed run lay idle nor the next
+    attempt's time is counted twice."""
+    total, times = 0.0, None
+    for i, att in enumerate(attempts):
         end = att.get("end")
-        if end is None:
+        if end is None and i + 1 < len(attempts):
+            times = _log_times(log_path) if times is None else times
+            # stamps have whole seconds: the next attempt's own header is stamped floor(its start)
+            before = [t for t in times if att["start"] - 1 <= t < math.floor(attempts[i + 1]["start"])]
+            end = max(before) if before else att["start"]
+        elif end is None:
             end = os.path.getmtime(log_path) if os.path.exists(log_path) else att["start"]
         total += max(0.0, end - att["start"])
     return total
