@@ -122,7 +122,7 @@ def imported_runs(summary, label=()):
         if not isinstance(value, dict) or key in ("recipe", "progress"):
             continue
         if "imported_from_per_seed" in value:
-            name = " ".join((f"{label[0]}+{label[0]}",) if label else ()) + (" " if label else "") + key
+            name = f"{label[0]}+{label[0]} {key}" if label else key
             for seed, source in zip(value["seeds"], value["imported_from_per_seed"]):
                 if source:
                     found.setdefault(source, []).append(f"{name} seed {seed}")
