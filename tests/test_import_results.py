@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, cli_env
 from test_compare_backbones import _quiet, m30k_slice, tiny_recipe  # noqa: F401  (the fixture)
 
-from realformer_nmt.errors import ConfigError
+from realformer_nmt.errors import ConfigError, DataError
 from realformer_nmt.experiments import compare
 from realformer_nmt.experiments.translation import imports
 
@@ -80,11 +80,40 @@ def test_another_recipe_is_refused_naming_the_flag(m30k_slice, committed, tmp_pa
 
 
 @pytest.mark.slow
+def test_a_stability_grid_is_imported_cell_by_cell(m30k_slice, tmp_path):  # noqa: F811
+    """The grid's runs at every learning rate come back from its results file (a fresh machine
+    resumes a grid that spans sessions): nothing trains again and the cells are the file's."""
+    grid = dict(lrs=[1e-3, 5e-4], depth=1, backbones=("postln",), seeds=(1,), threads=1)
+    committed = tmp_path / "results" / "stab.json"
+    first = compare.stability_limit(str(m30k_slice), str(tmp_path / "trained"), tiny_recipe(lr=1e-3),
+                                    results_path=str(committed), log=_quiet, **grid)
+    out, messages = tmp_path / "fresh", []
+    written = imports.import_results(str(committed), str(m30k_slice), str(out), tiny_recipe(lr=1e-3),
+                                     study="stability", log=_quiet)
+    assert sorted(written) == [str(out / "L1" / "postln" / "seed1"), str(out / "lr0.0005" / "L1" / "postln" / "seed1")]
+    again = compare.stability_limit(str(m30k_slice), str(out), tiny_recipe(lr=1e-3),
+                                    results_path=str(tmp_path / "again.json"), log=messages.append, **grid)
+    assert sum("already done" in m for m in messages) == 2 and not list(out.rglob("*.pt"))
+    for lr in ("0.001", "0.0005"):
+        assert _entry_fields(again["grid"][lr]["postln"]) == _entry_fields(first["grid"][lr]["postln"])
+        assert again["grid"][lr]["postln"]["imported_from_per_seed"] == [str(committed)]
+    assert again["progress"]["missing"] == []
+    # another learning rate for the recipe is refused before anything is written; so is the wrong study
+    with pytest.raises(ConfigError, match="--lr 0.001 where this run has --lr 0.002"):
+        imports.import_results(str(committed), str(m30k_slice), str(tmp_path / "x"), tiny_recipe(lr=2e-3),
+                               study="stability")
+    with pytest.raises(DataError, match="not a depth stress results file"):
+        imports.import_results(str(committed), str(m30k_slice), str(tmp_path / "x"), tiny_recipe(lr=1e-3),
+                               study="depth")
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
 def test_cli_refuses_import_for_other_studies_and_missing_files(tmp_path):
     script = str(REPO / "scripts" / "compare_backbones.py")
     cases = ((["--import-results", str(tmp_path / "none.json")], "--import-results .*none.json: no such file"),
              (["--lr-sweep", "--import-results", __file__],
-              "applies to the main comparison and --depth-stress, not --lr-sweep"))
+              "applies to the main comparison, --depth-stress and --stability-limit, not --lr-sweep"))
     for extra, expected in cases:
         proc = subprocess.run([sys.executable, script, "--data", str(tmp_path), "--out", str(tmp_path / "o")] + extra,
                               capture_output=True, text=True, env=cli_env())

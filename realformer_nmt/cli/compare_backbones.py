@@ -30,6 +30,8 @@
   python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/depth \\
       --stability-limit --lrs 1e-3,5e-4,2.5e-4 --depths 12 --seeds 1,2 --jobs 2 \\
       --results results/stability_depth12.json
+  # ... on a fresh machine, add --import-results results/stability_depth12.json to the command
+  # above: the grid's finished runs (every lr) are taken from it and only the missing ones train
   # ... and the grid from the runs finished so far (nothing trains; missing cells "not run"):
   python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/depth \\
       --stability-limit --lrs 1e-3,5e-4,2.5e-4 --depths 12 --seeds 1,2 --report-only \\
@@ -131,8 +133,8 @@ def parse_args(argv=None):
                          "(default: OUT/comparison.json, or OUT/lr_stress.json with --lr-sweep)")
     io.add_argument("--import-results", metavar="FILE", default=None,
                     help="take the runs that FILE (a committed results JSON of the main comparison or, with "
-                         "--depth-stress, of the depth stress test) holds into --out instead of training them "
-                         "again; refused unless FILE's recipe is the one asked for. Runs already in --out are "
+                         "--depth-stress or --stability-limit, of that study) holds into --out instead of training "
+                         "them again; refused unless FILE's recipe is the one asked for. Runs already in --out are "
                          "kept. fairseq's CPU training is reproducible, so this equals training them here")
     io.add_argument("--title", default=None,
                     help="corpus name used in tables and plots (default: from DATA/prepare.json, "
@@ -238,8 +240,9 @@ def parse_args(argv=None):
                                    ("--path-ablation", args.path_ablation)) if on]
     if len(modes) > 1:
         p.error(f"{' and '.join(modes)} are separate experiments: give one")
-    if args.import_results and modes and modes != ["--depth-stress"]:
-        p.error(f"--import-results applies to the main comparison and --depth-stress, not {modes[0]}")
+    if args.import_results and modes and modes[0] not in ("--depth-stress", "--stability-limit"):
+        p.error(f"--import-results applies to the main comparison, --depth-stress and --stability-limit, "
+                f"not {modes[0]}")
     if args.import_results and not os.path.isfile(args.import_results):
         p.error(f"--import-results {args.import_results}: no such file")
     if args.report_only and modes and modes != ["--stability-limit"]:
@@ -302,7 +305,8 @@ def main(argv=None):
             from realformer_nmt.experiments.translation.imports import import_results
 
             import_results(args.import_results, args.data, args.out, recipe, args.residual_attention_mode,
-                           study="depth" if args.depth_stress else "compare", log=log)
+                           study="depth" if args.depth_stress else "stability" if args.stability_limit
+                           else "compare", log=log)
         if args.lr_sweep:
             summary = compare.lr_sweep(args.data, args.out, recipe, args.lrs, normal_lr=args.normal_lr,
                                        margin=args.divergence_margin, backbones=args.backbones, **common)

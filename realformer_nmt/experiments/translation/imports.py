@@ -1,8 +1,9 @@
 """Runs that a committed results file already holds, taken into a study's run folder instead
 of being trained again (``compare_backbones.py --import-results FILE``).
 
-A results JSON of the main comparison or of the depth stress test keeps every seed's record
-per backbone (test BLEU, best validation loss and the validation curve, outcome, times) and,
+A results JSON of the main comparison, of the depth stress test or of the stability grid keeps
+every seed's record per backbone (test BLEU, best validation loss and the validation curve,
+outcome, times; per learning rate in the grid) and,
 for the main comparison, every run's test hypotheses in ``<stem>_hyps/``. When its recipe is
 the one asked for (the same fairseq-train command but for the save dir, the same decode
 flags, the same data dir name and the same backbone flags), each of its runs that the run
@@ -22,8 +23,9 @@ from dataclasses import replace
 from ...errors import ConfigError, DataError
 from .. import fairseq_runs
 from .recipe import VARIANTS, backbone_flags, corpus_info, train_command
+from .stability import run_dir as grid_run_dir
 
-STUDIES = ("compare", "depth")
+STUDIES = ("compare", "depth", "stability")
 
 
 def _normalized(cmd):
@@ -61,7 +63,7 @@ def _check_recipe(path, summary, data, recipe, residual_mode, depth):
     example = record.get("example_train_command")
     if not example:
         raise DataError(f"--import-results {path}: it records no example_train_command (not a results file of "
-                        "the main comparison or the depth stress test)")
+                        "the main comparison, the depth stress test or the stability grid)")
     recorded = shlex.split(example)
     backbones = [b for b in record.get("backbone_flags", {})]
     if not backbones or backbones[0] not in VARIANTS:
@@ -79,7 +81,17 @@ def _check_recipe(path, summary, data, recipe, residual_mode, depth):
 
 
 def _entries(summary, study):
-    """``(depth or None, backbone, entry)`` for every backbone record of the file."""
+    """``(depth or None, lr or None, backbone, entry)`` for every backbone record of the file
+    (``lr`` only for the stability grid's cells)."""
+    if study == "stability":
+        if "grid" not in summary or "depth" not in summary:
+            raise DataError("--import-results: not a stability grid results file (no 'grid'); give it with "
+                            "--stability-limit")
+        for lr, row in summary["grid"].items():
+            for b, entry in row.items():
+                if entry is not None:
+                    yield int(summary["depth"]), float(lr), b, entry
+        return
     if study == "depth":
         if "depths" not in summary:
             raise DataError("--import-results: not a depth stress results file (no 'depths'); "
@@ -87,45 +99,49 @@ def _entries(summary, study):
         for depth, row in summary["depths"].items():
             for b, entry in row.items():
                 if entry is not None:
-                    yield int(depth), b, entry
+                    yield int(depth), None, b, entry
         return
     if "depths" in summary or "grid" in summary:
         raise DataError("--import-results: a depth or grid results file; give a main comparison file "
-                        "(or --depth-stress with a depth stress file)")
+                        "(or --depth-stress / --stability-limit with a file of that study)")
     for b, entry in summary.items():
         if b in VARIANTS and isinstance(entry, dict):
-            yield None, b, entry
+            yield None, None, b, entry
 
 
 def run_records(path, data, out, recipe, residual_mode="sum", study="compare"):
     """``{run_dir: (result record, hypotheses or None)}`` for every run of the results file
     ``path`` (its recipe checked against ``recipe``); nothing is written."""
     if study not in STUDIES:
-        raise ConfigError(f"--import-results applies to the main comparison and --depth-stress, not {study}")
+        raise ConfigError("--import-results applies to the main comparison, --depth-stress and --stability-limit, "
+                          f"not {study}")
     summary = fairseq_runs.read_json(path)
     if not isinstance(summary, dict):
         raise DataError(f"--import-results {path}: no such results file, or not JSON")
     hyps_dir = os.path.splitext(path)[0] + "_hyps"
     convention = (summary.get("recipe", {}).get("corpus") or {}).get("bleu", "sacrebleu")
     entries = list(_entries(summary, study))
-    # the file's example command has its first depth's layers (the depth test records it so)
-    first_depth = min(d for d, _, _ in entries) if study == "depth" else None
+    # the file's example command has its first depth's layers (the depth test records it so; the
+    # grid records its one depth at the recipe's own learning rate)
+    first_depth = min(d for d, _, _, _ in entries) if study != "compare" and entries else None
     _check_recipe(path, summary, data, recipe, residual_mode, first_depth)
     records = {}
-    for depth, b, entry in entries:
+    for depth, lr, b, entry in entries:
         if entry.get("flags") != backbone_flags(b, residual_mode):
             raise ConfigError(f"--import-results {path}: its {b} ran with {' '.join(entry.get('flags') or [])}, "
                               f"this recipe gives {' '.join(backbone_flags(b, residual_mode))}")
         run_recipe = replace(recipe, layers=depth) if depth else recipe
         base = os.path.join(out, f"L{depth}") if depth else out
         for i, seed in enumerate(entry["seeds"]):
-            run_dir = os.path.join(base, b, f"seed{seed}")
+            run_dir = grid_run_dir(out, depth, lr, recipe.lr, b, seed) if lr is not None \
+                else os.path.join(base, b, f"seed{seed}")
             curve = [{"update": u, "loss": loss} for u, loss in entry["curve_per_seed"][i]]
             per_seed = {k: (entry.get(f"{k}_per_seed") or [None] * len(entry["seeds"]))[i]
                         for k in ("sacrebleu", "reason")}
             bleu = entry["bleu_per_seed"][i]
             record = dict(
-                backbone=b, seed=seed, lr=run_recipe.lr, status=entry["fairseq_status_per_seed"][i],
+                backbone=b, seed=seed, lr=run_recipe.lr if lr is None else lr,
+                status=entry["fairseq_status_per_seed"][i],
                 reason=per_seed["reason"], updates=entry["updates"], curve=curve,
                 best_valid_loss=entry["valid_loss_per_seed"][i],
                 final_valid_loss=curve[-1]["loss"] if curve else None,
@@ -135,7 +151,7 @@ def run_records(path, data, out, recipe, residual_mode="sum", study="compare"):
                 seconds=entry["train_seconds_per_seed"][i], train_seconds=entry["train_seconds_per_seed"][i],
                 decode_seconds=entry["decode_seconds_per_seed"][i],
                 checkpoint=entry["checkpoints"][i], log=entry["logs"][i],
-                command=train_command(data, b, run_recipe, seed, run_dir, residual_mode),
+                command=train_command(data, b, run_recipe, seed, run_dir, residual_mode, lr),
                 imported_from=path,
             )
             hyps_path = os.path.join(hyps_dir, f"{b}_seed{seed}.txt")
