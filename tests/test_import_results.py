@@ -3,6 +3,7 @@ being trained again: sound only because fairseq's CPU training is reproducible, 
 first test shows through the real CLIs before the import is trusted by the others."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -98,10 +99,24 @@ def test_a_stability_grid_is_imported_cell_by_cell(m30k_slice, tmp_path):  # noq
         assert _entry_fields(again["grid"][lr]["postln"]) == _entry_fields(first["grid"][lr]["postln"])
         assert again["grid"][lr]["postln"]["imported_from_per_seed"] == [str(committed)]
     assert again["progress"]["missing"] == []
+    assert f"Taken from `{committed}`" in (tmp_path / "again.md").read_text()
+    assert "lr 0.0005 postln seed 1" in (tmp_path / "again.md").read_text()
+    # a partial grid (cells "not run") gives back only its finished runs
+    partial = tmp_path / "results" / "partial.json"
+    compare.stability_limit(str(m30k_slice), str(tmp_path / "trained"), tiny_recipe(lr=1e-3), results_path=str(partial),
+                            log=_quiet, report_only=True, **dict(grid, backbones=("postln", "realformer")))
+    assert json.loads(partial.read_text())["grid"]["0.001"]["realformer"] is None
+    written = imports.import_results(str(partial), str(m30k_slice), str(tmp_path / "fresh2"), tiny_recipe(lr=1e-3),
+                                     study="stability", log=_quiet)
+    assert sorted(os.path.relpath(d, tmp_path / "fresh2") for d in written) == [
+        os.path.join("L1", "postln", "seed1"), os.path.join("lr0.0005", "L1", "postln", "seed1")]
     # another learning rate for the recipe is refused before anything is written; so is the wrong study
     with pytest.raises(ConfigError, match="--lr 0.001 where this run has --lr 0.002"):
         imports.import_results(str(committed), str(m30k_slice), str(tmp_path / "x"), tiny_recipe(lr=2e-3),
                                study="stability")
+    with pytest.raises(ConfigError, match="its grid is at 1\\+1 layers, this run has --depths 2"):
+        imports.import_results(str(committed), str(m30k_slice), str(tmp_path / "x"), tiny_recipe(lr=1e-3),
+                               study="stability", depth=2)
     with pytest.raises(DataError, match="not a depth stress results file"):
         imports.import_results(str(committed), str(m30k_slice), str(tmp_path / "x"), tiny_recipe(lr=1e-3),
                                study="depth")

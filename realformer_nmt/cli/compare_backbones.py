@@ -306,7 +306,7 @@ def main(argv=None):
 
             import_results(args.import_results, args.data, args.out, recipe, args.residual_attention_mode,
                            study="depth" if args.depth_stress else "stability" if args.stability_limit
-                           else "compare", log=log)
+                           else "compare", log=log, depth=args.depths[0] if args.stability_limit else None)
         if args.lr_sweep:
             summary = compare.lr_sweep(args.data, args.out, recipe, args.lrs, normal_lr=args.normal_lr,
                                        margin=args.divergence_margin, backbones=args.backbones, **common)

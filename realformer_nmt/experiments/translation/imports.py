@@ -85,8 +85,9 @@ def _entries(summary, study):
     (``lr`` only for the stability grid's cells)."""
     if study == "stability":
         if "grid" not in summary or "depth" not in summary:
-            raise DataError("--import-results: not a stability grid results file (no 'grid'); give it with "
-                            "--stability-limit")
+            raise DataError("--import-results: not a stability grid results file (no 'grid'); with "
+                            "--stability-limit give the grid's own results file (a depth stress file goes with "
+                            "--depth-stress)")
         for lr, row in summary["grid"].items():
             for b, entry in row.items():
                 if entry is not None:
@@ -109,9 +110,10 @@ def _entries(summary, study):
             yield None, None, b, entry
 
 
-def run_records(path, data, out, recipe, residual_mode="sum", study="compare"):
+def run_records(path, data, out, recipe, residual_mode="sum", study="compare", depth=None):
     """``{run_dir: (result record, hypotheses or None)}`` for every run of the results file
-    ``path`` (its recipe checked against ``recipe``); nothing is written."""
+    ``path`` (its recipe checked against ``recipe``; a grid's depth against ``depth`` when
+    given); nothing is written."""
     if study not in STUDIES:
         raise ConfigError("--import-results applies to the main comparison, --depth-stress and --stability-limit, "
                           f"not {study}")
@@ -123,17 +125,24 @@ def run_records(path, data, out, recipe, residual_mode="sum", study="compare"):
     entries = list(_entries(summary, study))
     # the file's example command has its first depth's layers (the depth test records it so; the
     # grid records its one depth at the recipe's own learning rate)
-    first_depth = min(d for d, _, _, _ in entries) if study != "compare" and entries else None
+    if study == "stability":
+        first_depth = int(summary["depth"])
+        if depth is not None and int(depth) != first_depth:
+            raise ConfigError(f"--import-results {path}: its grid is at {first_depth}+{first_depth} layers, "
+                              f"this run has --depths {depth}")
+    else:
+        first_depth = min(d for d, _, _, _ in entries) if study == "depth" and entries else None
     _check_recipe(path, summary, data, recipe, residual_mode, first_depth)
     records = {}
-    for depth, lr, b, entry in entries:
+    for layers, lr, b, entry in entries:
         if entry.get("flags") != backbone_flags(b, residual_mode):
             raise ConfigError(f"--import-results {path}: its {b} ran with {' '.join(entry.get('flags') or [])}, "
                               f"this recipe gives {' '.join(backbone_flags(b, residual_mode))}")
-        run_recipe = replace(recipe, layers=depth) if depth else recipe
-        base = os.path.join(out, f"L{depth}") if depth else out
+        run_recipe = replace(recipe, layers=layers) if layers else recipe
+        base = os.path.join(out, f"L{layers}") if layers else out
+        sources = entry.get("imported_from_per_seed") or [None] * len(entry["seeds"])
         for i, seed in enumerate(entry["seeds"]):
-            run_dir = grid_run_dir(out, depth, lr, recipe.lr, b, seed) if lr is not None \
+            run_dir = grid_run_dir(out, layers, lr, recipe.lr, b, seed) if lr is not None \
                 else os.path.join(base, b, f"seed{seed}")
             curve = [{"update": u, "loss": loss} for u, loss in entry["curve_per_seed"][i]]
             per_seed = {k: (entry.get(f"{k}_per_seed") or [None] * len(entry["seeds"]))[i]
@@ -152,22 +161,23 @@ def run_records(path, data, out, recipe, residual_mode="sum", study="compare"):
                 decode_seconds=entry["decode_seconds_per_seed"][i],
                 checkpoint=entry["checkpoints"][i], log=entry["logs"][i],
                 command=train_command(data, b, run_recipe, seed, run_dir, residual_mode, lr),
-                imported_from=path,
+                imported_from=sources[i] or path,  # where the run was first recorded
             )
             hyps_path = os.path.join(hyps_dir, f"{b}_seed{seed}.txt")
             hyps = None
-            if bleu is not None and convention != "tokenized" and os.path.exists(hyps_path):
+            # hypotheses are kept per backbone and seed, so only the main comparison's files name one run
+            if study == "compare" and bleu is not None and convention != "tokenized" and os.path.exists(hyps_path):
                 with open(hyps_path, encoding="utf-8") as f:
                     hyps = f.read()
             records[run_dir] = (record, hyps)
     return records
 
 
-def import_results(path, data, out, recipe, residual_mode="sum", study="compare", log=print):
+def import_results(path, data, out, recipe, residual_mode="sum", study="compare", log=print, depth=None):
     """Write every run of ``path`` that ``out`` does not hold yet (see the module's text);
     returns the run folders written."""
     written = []
-    for run_dir, (record, hyps) in run_records(path, data, out, recipe, residual_mode, study).items():
+    for run_dir, (record, hyps) in run_records(path, data, out, recipe, residual_mode, study, depth).items():
         if os.path.exists(os.path.join(run_dir, "result.json")) or os.path.exists(
                 os.path.join(run_dir, "checkpoint_last.pt")):
             continue  # trained (or training) here: never replaced

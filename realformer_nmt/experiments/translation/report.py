@@ -114,21 +114,29 @@ def recipe_lines(summary):
     return lines + imported_lines(summary)
 
 
-def imported_runs(summary, label=()):
-    """``{file: ["<depth>+<depth> <backbone> seed <k>", ...]}``: the runs of a summary taken
-    from a committed results file (``--import-results``) rather than trained in its run folder."""
+def imported_runs(summary, label=""):
+    """``{file: ["<depth>+<depth> <backbone> seed <k>", "lr <lr> <backbone> seed <k>", ...]}``:
+    the runs of a summary taken from a committed results file (``--import-results``) rather
+    than trained in its run folder."""
     found = {}
+
+    def add(more):
+        for source, runs in more.items():
+            found.setdefault(source, []).extend(runs)
+
     for key, value in summary.items():
         if not isinstance(value, dict) or key in ("recipe", "progress"):
             continue
         if "imported_from_per_seed" in value:
-            name = f"{label[0]}+{label[0]} {key}" if label else key
             for seed, source in zip(value["seeds"], value["imported_from_per_seed"]):
                 if source:
-                    found.setdefault(source, []).append(f"{name} seed {seed}")
+                    found.setdefault(source, []).append(f"{label}{key} seed {seed}")
+        elif key in ("depths", "grid"):  # the depth test's and the stability grid's rows
+            for row_key, row in value.items():
+                if isinstance(row, dict):
+                    add(imported_runs(row, f"{row_key}+{row_key} " if key == "depths" else f"lr {row_key} "))
         elif key.isdigit():
-            for source, runs in imported_runs(value, (key,)).items():
-                found.setdefault(source, []).extend(runs)
+            add(imported_runs(value, f"{key}+{key} "))
     return found
 
 
