@@ -119,11 +119,6 @@ def imported_runs(summary, label=""):
     the runs of a summary taken from a committed results file (``--import-results``) rather
     than trained in its run folder."""
     found = {}
-
-    def add(more):
-        for source, runs in more.items():
-            found.setdefault(source, []).extend(runs)
-
     for key, value in summary.items():
         if not isinstance(value, dict) or key in ("recipe", "progress"):
             continue
@@ -133,10 +128,9 @@ def imported_runs(summary, label=""):
                     found.setdefault(source, []).append(f"{label}{key} seed {seed}")
         elif key in ("depths", "grid"):  # the depth test's and the stability grid's rows
             for row_key, row in value.items():
-                if isinstance(row, dict):
-                    add(imported_runs(row, f"{row_key}+{row_key} " if key == "depths" else f"lr {row_key} "))
-        elif key.isdigit():
-            add(imported_runs(value, f"{key}+{key} "))
+                prefix = f"{row_key}+{row_key} " if key == "depths" else f"lr {row_key} "
+                for source, runs in imported_runs(row or {}, prefix).items():
+                    found.setdefault(source, []).extend(runs)
     return found
 
 
