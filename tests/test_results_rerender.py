@@ -210,6 +210,10 @@ def test_stability_grid_marks_runs_and_reports_a_partial_grid(m30k_slice, tmp_pa
     assert len(d["progress"]["done"]) == 6
     md = (tmp_path / "stab.md").read_text()
     assert "Partial results" in md and "lagging, lagging" in md
+    # per cell, how many of its seeds diverged; the two questions' differences, one column per lr
+    assert "| realformer | ok, ok (0 of 2 diverged); BLEU" in md and "diverged (1 of 1 diverged)" in md
+    assert "| RealFormer minus Post-LN | +7.50 / +6.00 (mean +6.75) | — |" in md
+    assert "RealFormer on Pre-LN minus Pre-LN" not in md  # neither of that pair ran
     # a cell with no finished run at all is "not run"
     del losses[(5e-4, "realformer", 1)]
     stability.stability_limit(str(m30k_slice), str(out), tiny_recipe(lr=1e-3), lrs=[5e-4, 1e-3], depth=3,

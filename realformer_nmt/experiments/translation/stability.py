@@ -18,7 +18,17 @@ from dataclasses import replace
 from ...errors import ConfigError
 from .compare import not_run_lines
 from .recipe import corpus_info, test_references
-from .report import COLORS, SEED_PAIRED_NOTE, curve_with_band, fmt, outcome_table, pyplot, recipe_lines, write_outputs
+from .report import (
+    COLORS,
+    SEED_PAIRED_NOTE,
+    curve_with_band,
+    fmt,
+    outcome_table,
+    pyplot,
+    recipe_lines,
+    seed_paired_cell,
+    write_outputs,
+)
 from .runs import (
     check_backbones,
     done_and_missing,
@@ -99,7 +109,29 @@ def _grid_cell(e):
     if e is None:
         return "not run"
     bleus = " / ".join(fmt(x) for x in e["bleu_per_seed"])
-    return f"{', '.join(e['status_per_seed'])}; BLEU {bleus}"
+    diverged = e["status_per_seed"].count("diverged")
+    return f"{', '.join(e['status_per_seed'])} ({diverged} of {len(e['status_per_seed'])} diverged); BLEU {bleus}"
+
+
+# the two questions a grid answers per learning rate: residual attention on Post-LN, and on Pre-LN
+GRID_DIFFERENCES = (("realformer", "seed_paired_vs_postln", "RealFormer minus Post-LN"),
+                    ("realformer_preln", "seed_paired_vs_preln", "RealFormer on Pre-LN minus Pre-LN"))
+
+
+def difference_lines(summary):
+    """A table of the seed-paired BLEU differences that answer the grid's question, one row
+    per comparison and one column per learning rate (no lines if neither pair ran)."""
+    lrs = [f"{lr:g}" for lr in summary["lrs"]]
+    rows = [(b, key, label) for b, key, label in GRID_DIFFERENCES
+            if any((summary["grid"][lr].get(b) or {}).get(key) for lr in lrs)]
+    if not rows:
+        return []
+    lines = ["Seed-paired test BLEU differences at each learning rate:", "",
+             "| difference | " + " | ".join(f"lr {lr}" for lr in lrs) + " |", "| --- |" + " --- |" * len(lrs)]
+    for b, key, label in rows:
+        lines.append(f"| {label} | " + " | ".join(seed_paired_cell(summary["grid"][lr].get(b), key)
+                                                    for lr in lrs) + " |")
+    return lines + [""]
 
 
 def stability_markdown(summary):
@@ -115,6 +147,7 @@ def stability_markdown(summary):
     for b in backbones:
         lines.append(f"| {b} | " + " | ".join(_grid_cell(summary["grid"][lr].get(b)) for lr in lrs) + " |")
     lines.append("")
+    lines += difference_lines(summary)
     for lr in lrs:
         lines += [f"## lr {lr}", ""] + outcome_table(summary["grid"][lr], backbones) + [""]
     lines += [SEED_PAIRED_NOTE + " (same learning rate).", "",
