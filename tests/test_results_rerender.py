@@ -4,7 +4,9 @@
     the committed JSON and Markdown: the tables are a function of the JSON, and
     re-rendering is idempotent;
 (b) every ``seed_paired_*`` record is recomputed here from ``bleu_per_seed`` (or the MLM
-    accuracies) with plain statistics and a printed t table, independent of the harness;
+    accuracies) with plain statistics and a printed t table, independent of the harness, and
+    its mean, sd and interval are those of the unrounded differences (``scipy.stats``),
+    rounded only where they are shown;
 (c) every run outcome is one of ``ok`` / ``lagging`` / ``diverged``;
 plus the stability-limit grid and partial (--report-only) reporting, with faked runs.
 """
@@ -71,7 +73,25 @@ def _check(record, values, reference, seeds, reference_seeds):
     half = T_975[len(diffs) - 1] * sd / math.sqrt(len(diffs))
     assert record["sd"] == pytest.approx(sd, abs=0.006)
     assert record["ci95"] == pytest.approx([mean - half, mean + half], abs=0.011)
+    _check_unrounded(record, diffs)
     return 1
+
+
+ROUNDED = 0.005 + 1e-9  # a value shown to 2 decimals is within half a unit of the last digit
+
+
+def _check_unrounded(record, diffs):
+    """The record's statistics are those of the exact differences, rounded only at the end:
+    scipy's t interval over the unrounded differences (a 3-decimal accuracy's difference,
+    -0.155, is not first rounded to -0.15 or -0.16)."""
+    from scipy import stats as scipy_stats
+
+    assert record["per_seed"] == pytest.approx(diffs, abs=1e-9)
+    mean = scipy_stats.tmean(diffs)
+    low, high = scipy_stats.t.interval(0.95, len(diffs) - 1, loc=mean, scale=scipy_stats.sem(diffs))
+    assert abs(record["mean"] - mean) <= ROUNDED
+    assert abs(record["sd"] - scipy_stats.tstd(diffs)) <= ROUNDED
+    assert abs(record["ci95"][0] - low) <= ROUNDED and abs(record["ci95"][1] - high) <= ROUNDED
 
 
 def _entries_checked(entries, metric, backbone_of=lambda k: k):
@@ -162,6 +182,25 @@ def test_seed_paired_statistics_and_cells():
     # a table's spread: ± sd with three seeds, never with two
     assert report.spread(10.0, 1.0, [9.0, 10.0, 11.0]) == "10.00 ± 1.00"
     assert "±" not in report.spread(10.0, 0.7, [9.5, 10.5]) and "9.50–10.50" in report.spread(10.0, 0.7, [9.5, 10.5])
+
+
+def test_seed_paired_interval_is_computed_from_unrounded_differences():
+    """The masked-LM Pre-LN minus Post-LN record: accuracies given to 3 decimals, so each
+    difference has 3 (-0.155, +0.042, -0.069). Over the unrounded differences the 95%
+    interval is -0.306 to +0.185 (scipy); rounding each difference to 2 decimals first
+    would give -0.297 to +0.177, shown as -0.30 to +0.18."""
+    from scipy import stats as scipy_stats
+
+    post, pre = [11.648, 11.827, 11.423], [11.493, 11.869, 11.354]
+    diffs = [b - a for a, b in zip(post, pre)]
+    low, high = scipy_stats.t.interval(0.95, 2, loc=statistics.mean(diffs), scale=scipy_stats.sem(diffs))
+    r = stats.seed_paired(pre, post, [1, 2, 3], [1, 2, 3])
+    assert r["per_seed"] == pytest.approx([-0.155, 0.042, -0.069], abs=1e-12)
+    assert r["ci95"] == [round(low, 2), round(high, 2)] == [-0.31, 0.18]
+    assert r["mean"] == round(statistics.mean(diffs), 2) and r["sd"] == round(statistics.stdev(diffs), 2)
+    assert "(95% CI -0.31 to +0.18)" in report.seed_paired_cell({"p": r}, "p")
+    committed = json.loads((RESULTS / "mlm_wikitext2.json").read_text())["preln"]["seed_paired_vs_postln"]
+    assert committed["ci95"] == [-0.31, 0.18]
 
 
 def _fake_run(backbone, seed, lr, loss, status="finished"):
