@@ -301,3 +301,70 @@ def test_stability_limit_flags_and_their_defaults(monkeypatch):
                 ["--stability-limit", "--layers", "3"]):
         with pytest.raises(SystemExit):
             cli.parse_args(["--data", "d", "--out", "o", *bad])
+
+
+# --------------------------------------------------------------------------------------
+# results/summary.png: every study's seed-paired differences, from the study JSONs
+# --------------------------------------------------------------------------------------
+
+def _committed_record(row, backbone, key):
+    s = json.loads((RESULTS / f"{row['name']}.json").read_text())
+    if row["kind"] == "depth":
+        return (s["depths"][str(row["depth"])].get(backbone) or {}).get(key)
+    if row["kind"] == "stability":
+        return (next(r for lr, r in s["grid"].items() if float(lr) == row["lr"]).get(backbone) or {}).get(key)
+    if row["kind"] == "lr_sweep":
+        return next((r for lr, r in s.get(key, {}).get(backbone, {}).items() if float(lr) == row["lr"]), None)
+    return (s.get(backbone) or {}).get(key)
+
+
+def test_summary_rows_are_the_committed_seed_paired_records():
+    from realformer_nmt.experiments.translation import summary
+
+    rows = summary.summary_rows(str(RESULTS))
+    labels = [summary.row_label(r) for r in rows]
+    assert labels[:2] == ["comparison: En→De, 3+3, lr 1e-3, 1800 upd.", "comparison: En→Fr, 3+3, lr 1e-3, 1800 upd."]
+    assert "depth stress: En→De, 6+6, lr 1e-3, 1200 upd." in labels
+    # the stability grid's lr 1e-3 column is the depth test's 12+12 runs: one row, both names
+    assert "depth stress = stability limit: En→De, 12+12, lr 1e-3, 1200 upd." in labels
+    assert "stability limit: En→De, 12+12, lr 2.5e-4, 1200 upd." in labels
+    assert labels[-1] == "masked LM: WikiText-2, 4 layers, lr 1e-3, 600 upd."
+    assert not any("ablation" in label for label in labels)
+    for row in rows:
+        for (backbone, key, _), cell in zip(summary.COMPARISONS, row["cells"]):
+            record = _committed_record(row, backbone, key)
+            if cell is None:
+                assert not record
+                continue
+            assert cell["per_seed"] == record["per_seed"] and cell["mean"] == record["mean"]
+            assert cell.get("ci95") == record.get("ci95")
+    de = rows[0]["cells"]
+    assert summary.cell_text(de[1]) == "+1.33 [+0.05, +2.61]"
+    lagging = next(r for r in rows if r["depth"] == 12 and r["lr"] == 2.5e-4)["cells"][0]
+    assert summary.cell_text(lagging) == "-0.31, -0.56  (both lagging)"
+
+
+def test_rerender_draws_the_summary_with_a_study_added_later(tmp_path):
+    """A results JSON that appears later (the stability-limit study at depth 6) gets its rows
+    in summary.png with no change to the code: the rows come from the folder's JSONs."""
+    from realformer_nmt.experiments.translation import summary
+
+    for p in RESULTS.glob("*.json"):
+        shutil.copy(p, tmp_path / p.name)
+    later = json.loads((RESULTS / "stability_depth12.json").read_text())
+    later["depth"], later["recipe"]["settings"]["layers"] = 6, 6
+    for lr, row in later["grid"].items():
+        for e in row.values():
+            if e is not None:
+                e["bleu_per_seed"] = [b + 20 for b in e["bleu_per_seed"]] + [25.0]
+                e["seeds"] = e["seeds"] + [3]
+                e["status_per_seed"] = e["status_per_seed"] + ["ok"]
+    (tmp_path / "lr_limit_depth6.json").write_text(json.dumps(later))
+    assert rerender.main(sorted(str(p) for p in tmp_path.glob("*.json"))) == 0
+    png = (tmp_path / "summary.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20000
+    rows = [r for r in summary.summary_rows(str(tmp_path)) if r["name"] == "lr_limit_depth6"]
+    assert [summary.row_label(r) for r in rows] == [
+        f"stability limit: En→De, 6+6, lr {lr}, 1200 upd." for lr in ("1e-3", "5e-4", "2.5e-4")]
+    # three seeds now: the upgrade recomputed the seed-paired records, drawn with their interval
+    assert all(len(c["per_seed"]) == 3 and c["ci95"] for r in rows for c in r["cells"])

@@ -7,9 +7,12 @@ Each JSON is brought to the current record (``upgrade``: the one outcome vocabul
 the paired test described for what it measures) and written back with its ``.md`` and
 ``.png`` (``results/speed_*.json``: its ``.md``). Upgrading is idempotent: re-rendering a
 re-rendered file changes nothing. JSON files that are not study results are skipped.
+Then each folder of the study JSONs given gets ``summary.png``: every study JSON in it,
+its seed-paired differences in one figure (``summary.py``).
 """
 
 import json
+import os
 import re
 import sys
 
@@ -20,6 +23,7 @@ from .depth import DEPTH_REFERENCE, depth_markdown, plot_depth
 from .lr_sweep import plot_sweep, sweep_markdown, sweep_reference, sweep_seed_paired
 from .recipe import ABLATION, MAIN_ORDER
 from .report import write_outputs
+from .summary import write_summary
 from .stability import plot_stability, stability_markdown
 from .stats import PAIRED_TEST_NOTE, add_seed_paired, outcome_rule
 
@@ -142,8 +146,12 @@ def main(argv=None):
         print(__doc__)
         return 0 if paths else 2
     try:
+        folders = []
         for path in paths:
-            rerender(path)
+            if rerender(path) not in (None, "speed") and os.path.dirname(path) not in folders:
+                folders.append(os.path.dirname(path))
+        for path in folders:
+            write_summary(path or ".")
     except (OSError, ValueError, KeyError, RealFormerError) as exc:
         print(f"rerender: error: {path}: {exc}", file=sys.stderr)
         return 1
