@@ -353,7 +353,7 @@ def test_rerender_draws_the_summary_with_a_study_added_later(tmp_path):
         shutil.copy(p, tmp_path / p.name)
     later = json.loads((RESULTS / "stability_depth12.json").read_text())
     later["depth"], later["recipe"]["settings"]["layers"] = 6, 6
-    for lr, row in later["grid"].items():
+    for row in later["grid"].values():
         for e in row.values():
             if e is not None:
                 e["bleu_per_seed"] = [b + 20 for b in e["bleu_per_seed"]] + [25.0]

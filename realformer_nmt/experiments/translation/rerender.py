@@ -23,9 +23,9 @@ from .depth import DEPTH_REFERENCE, depth_markdown, plot_depth
 from .lr_sweep import plot_sweep, sweep_markdown, sweep_reference, sweep_seed_paired
 from .recipe import ABLATION, MAIN_ORDER
 from .report import write_outputs
-from .summary import write_summary
 from .stability import plot_stability, stability_markdown
 from .stats import PAIRED_TEST_NOTE, add_seed_paired, outcome_rule
+from .summary import write_summary
 
 RENAMED = {"stalled": "lagging"}  # the depth and lr studies' old word for it
 
