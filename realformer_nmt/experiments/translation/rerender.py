@@ -137,14 +137,26 @@ def rerender(path, plot=True, log=print):
     return k
 
 
+def parse_args(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m realformer_nmt.experiments.translation.rerender",
+        description="Re-render committed results from their JSON alone (no training): each study JSON "
+                    "is brought to the current record and written back with its .md and .png; then "
+                    "summary.png is drawn in each folder from every study JSON in it.",
+    )
+    parser.add_argument("paths", nargs="+", metavar="RESULTS_JSON",
+                        help="results JSON files (e.g. results/*.json); files that are not a study's "
+                             "results are skipped")
+    return parser.parse_args(argv)
+
+
 def main(argv=None):
     import logging
 
     logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
-    paths = sys.argv[1:] if argv is None else argv
-    if not paths or any(p in ("-h", "--help") for p in paths):
-        print(__doc__)
-        return 0 if paths else 2
+    paths = parse_args(argv).paths
     try:
         folders = []
         for path in paths:
