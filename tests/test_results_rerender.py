@@ -368,3 +368,20 @@ def test_rerender_draws_the_summary_with_a_study_added_later(tmp_path):
         f"stability limit: En→De, 6+6, lr {lr}, 1200 upd." for lr in ("1e-3", "5e-4", "2.5e-4")]
     # three seeds now: the upgrade recomputed the seed-paired records, drawn with their interval
     assert all(len(c["per_seed"]) == 3 and c["ci95"] for r in rows for c in r["cells"])
+
+
+def test_a_study_written_beside_summary_png_redraws_it(tmp_path):
+    """compare_backbones writing results/lr_limit_depth6.json (write_outputs) redraws the
+    summary figure of its folder; a folder without one (a test's, a scratch run's) gets none."""
+    from realformer_nmt.experiments.translation import summary
+
+    shutil.copy(RESULTS / "multi30k_en_de.json", tmp_path / "multi30k_en_de.json")
+    later = json.loads((RESULTS / "stability_depth12.json").read_text())
+    later["depth"] = 6
+    report.write_outputs(later, str(tmp_path / "lr_limit_depth6.json"), stability.stability_markdown, _no_plot)
+    assert not (tmp_path / "summary.png").exists()
+    (tmp_path / "summary.png").write_bytes(b"stale")
+    report.write_outputs(later, str(tmp_path / "lr_limit_depth6.json"), stability.stability_markdown, _no_plot)
+    assert (tmp_path / "summary.png").read_bytes().startswith(b"\x89PNG")
+    names = {r["name"] for r in summary.summary_rows(str(tmp_path))}
+    assert names == {"multi30k_en_de", "lr_limit_depth6"}

@@ -131,7 +131,7 @@ def rerender(path, plot=True, log=print):
             f.write(benchmark.markdown(summary))
     else:
         markdown, plotter = writers(k)
-        write_outputs(summary, path, markdown, plotter if plot else (lambda summary, path: None))
+        write_outputs(summary, path, markdown, plotter if plot else (lambda summary, path: None), refresh_summary=False)
     log(f"[rerender] {path} ({k}): wrote .md{', .png' if plot and k != 'speed' else ''}"
         f"{'' if k == 'speed' else ' and the JSON'}")
     return k
