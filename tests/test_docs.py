@@ -643,3 +643,62 @@ def test_development_guide_gives_idle_test_times_and_says_load_multiplies_them()
     assert "has not been timed idle yet" in text
     assert "**load multiplies them**" in text
     assert "a few minutes" not in text and "about 20 minutes" not in text
+
+
+# --------------------------------------------------------------------------------------
+# Results a reader takes in at a glance: the summary figure first, every study in one
+# shape, no issue numbers (a reader has no issue tracker)
+# --------------------------------------------------------------------------------------
+
+def test_readme_results_open_with_the_summary_figure_the_rerender_draws(tmp_path):
+    import shutil
+
+    from realformer_nmt.experiments.translation import rerender
+
+    lines = [line for line in section("README.md", "Results").splitlines()
+             if line.strip() and not line.startswith(("<!--", "## "))]
+    assert lines[0].startswith("![") and lines[0].endswith("](results/summary.png)")
+    assert "`results/summary.png`" in (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    # the command the docs give draws it, from the study JSONs beside it
+    for name in ("multi30k_en_de.json", "mlm_wikitext2.json", "speed_cpu.json"):
+        shutil.copy(REPO / "results" / name, tmp_path / name)
+    assert rerender.main(sorted(str(p) for p in tmp_path.glob("*.json"))) == 0
+    assert (tmp_path / "summary.png").read_bytes().startswith(b"\x89PNG")
+    blocks, _ = split_markdown(section("docs/results.md", "The comparison harness"))
+    assert any("python -m realformer_nmt.experiments.translation.rerender results/*.json" in code
+               for lang, _, code in blocks if lang == "bash")
+
+
+def test_plain_words_are_at_most_eight_bullets_each_with_a_number_and_a_link():
+    text = section("README.md", "Results")
+    plain = text[text.index("**In plain words**"):]
+    plain = plain[:plain.index("\n\n", plain.index("\n- "))]
+    bullets = re.split(r"\n- ", plain)[1:]
+    assert 1 <= len(bullets) <= 8
+    for bullet in bullets:
+        assert re.search(r"[+-]?\d+\.\d\d", bullet), bullet
+        assert re.search(r"\]\(docs/results\.md#[a-z0-9-]+\)", bullet), bullet
+
+
+STUDY_SHAPE = ("**Question.**", "**Answer.**", "**What it cannot show.**", "```bash", "![")
+
+
+def test_every_study_in_results_md_has_the_same_shape():
+    text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    studies = [s for s in re.split(r"\n## ", text)[1:] if "**Question.**" in s]
+    names = {s.splitlines()[0] for s in studies}
+    assert {"Post-LN vs Pre-LN vs RealFormer on Multi30k En->De", "A second language pair: Multi30k En->Fr",
+            "Depth stress test: narrow deep models (6+6 and 12+12 layers)", "Stability limit at 12+12 layers",
+            "Which path matters (path ablation), seeds 1-2", "BERT-style encoders on WikiText-2 (masked LM)",
+            "Learning-rate sweep, 200 updates (one seed)", "Attention analysis (the paper's Figs 4-8)"} <= names
+    for study in studies:
+        running = "Not known yet" in study  # a study still training: question, answer, command
+        for part in (STUDY_SHAPE[:2] + ("```bash",) if running else STUDY_SHAPE):
+            assert part in study, f"{study.splitlines()[0]}: no {part}"
+        assert study.index("**Question.**") < study.index("**Answer.**")
+
+
+def test_no_issue_numbers_in_the_readme_or_docs():
+    for page, text in all_text():
+        found = re.findall(r"(?i)\bissues?\s*#?\d+|(?<![\w/])#\d+\b", text)
+        assert not found, f"{rel(page)} names issue numbers a reader cannot look up: {found}"

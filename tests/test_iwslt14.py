@@ -148,6 +148,33 @@ def test_clean_corpus_rules():
         iwslt14.clean_corpus(["a"], [])
 
 
+# (text, what lowercase.perl prints): a word-final capital sigma is "σ" for Perl's lc, which has
+# no Final_Sigma rule (Python's str.lower gives "ς"); the rest is plain per-character lowercase
+LOWERCASE_CASES = [("ΟΔΟΣ ΣΑΣ", "οδοσ σασ"), ("ΣΟΦΙΑ.", "σοφια."), ("Σ", "σ"), ("ΑΣ, Ω", "ασ, ω"),
+                   ("Straße ÄÖÜ", "straße äöü"), ("İstanbul", "i\u0307stanbul"), ("ﬀ ǅ Ǆ", "ﬀ ǆ ǆ"),
+                   ("ς already small", "ς already small")]
+
+
+@pytest.mark.parametrize("text, expected", LOWERCASE_CASES)
+def test_lowercase_is_perls_lc_without_final_sigma(text, expected):
+    assert "ς" in "ΟΔΟΣ".lower()  # the rule that must not apply
+    assert iwslt14.lowercase([text]) == [expected]
+
+
+def test_lowercase_matches_perls_lc_on_every_character_and_in_words():
+    """lowercase.perl is ``print lc($_)`` on UTF-8 lines: compared with perl itself."""
+    import shutil
+
+    if shutil.which("perl") is None:
+        pytest.skip("perl is not installed")
+    chars = [chr(c) for c in range(0x20, 0x20000) if not 0xD800 <= c < 0xE000]
+    lines = [" ".join(chars[i:i + 64]) for i in range(0, len(chars), 64)]
+    lines += [text for text, _ in LOWERCASE_CASES] + ["ΑΒΓΔΣ ΣΤΟ ΚΟΣΜΟΣ. ΟΣ", "ΘΕΟΣ, ΛΟΓΟΣ!"]
+    perl = subprocess.run(["perl", "-CSD", "-ne", "print lc"], input="\n".join(lines) + "\n",
+                          capture_output=True, text=True, encoding="utf-8", check=True).stdout
+    assert iwslt14.lowercase(lines) == perl.split("\n")[:-1]
+
+
 def test_tag_lines_and_seg_lines_as_grep_and_sed_do():
     lines, dropped = iwslt14.strip_train_tags(["<url>u</url>", "x <talkid>1</talkid>", "<keywords>k</keywords>",
                                                "<title>T</title>", "<description>D.</description>", "Text."])

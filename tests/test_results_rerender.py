@@ -4,7 +4,9 @@
     the committed JSON and Markdown: the tables are a function of the JSON, and
     re-rendering is idempotent;
 (b) every ``seed_paired_*`` record is recomputed here from ``bleu_per_seed`` (or the MLM
-    accuracies) with plain statistics and a printed t table, independent of the harness;
+    accuracies) with plain statistics and a printed t table, independent of the harness, and
+    its mean, sd and interval are those of the unrounded differences (``scipy.stats``),
+    rounded only where they are shown;
 (c) every run outcome is one of ``ok`` / ``lagging`` / ``diverged``;
 plus the stability-limit grid and partial (--report-only) reporting, with faked runs.
 """
@@ -71,7 +73,25 @@ def _check(record, values, reference, seeds, reference_seeds):
     half = T_975[len(diffs) - 1] * sd / math.sqrt(len(diffs))
     assert record["sd"] == pytest.approx(sd, abs=0.006)
     assert record["ci95"] == pytest.approx([mean - half, mean + half], abs=0.011)
+    _check_unrounded(record, diffs)
     return 1
+
+
+ROUNDED = 0.005 + 1e-9  # a value shown to 2 decimals is within half a unit of the last digit
+
+
+def _check_unrounded(record, diffs):
+    """The record's statistics are those of the exact differences, rounded only at the end:
+    scipy's t interval over the unrounded differences (a 3-decimal accuracy's difference,
+    -0.155, is not first rounded to -0.15 or -0.16)."""
+    from scipy import stats as scipy_stats
+
+    assert record["per_seed"] == pytest.approx(diffs, abs=1e-9)
+    mean = scipy_stats.tmean(diffs)
+    low, high = scipy_stats.t.interval(0.95, len(diffs) - 1, loc=mean, scale=scipy_stats.sem(diffs))
+    assert abs(record["mean"] - mean) <= ROUNDED
+    assert abs(record["sd"] - scipy_stats.tstd(diffs)) <= ROUNDED
+    assert abs(record["ci95"][0] - low) <= ROUNDED and abs(record["ci95"][1] - high) <= ROUNDED
 
 
 def _entries_checked(entries, metric, backbone_of=lambda k: k):
@@ -162,6 +182,25 @@ def test_seed_paired_statistics_and_cells():
     # a table's spread: ± sd with three seeds, never with two
     assert report.spread(10.0, 1.0, [9.0, 10.0, 11.0]) == "10.00 ± 1.00"
     assert "±" not in report.spread(10.0, 0.7, [9.5, 10.5]) and "9.50–10.50" in report.spread(10.0, 0.7, [9.5, 10.5])
+
+
+def test_seed_paired_interval_is_computed_from_unrounded_differences():
+    """The masked-LM Pre-LN minus Post-LN record: accuracies given to 3 decimals, so each
+    difference has 3 (-0.155, +0.042, -0.069). Over the unrounded differences the 95%
+    interval is -0.306 to +0.185 (scipy); rounding each difference to 2 decimals first
+    would give -0.297 to +0.177, shown as -0.30 to +0.18."""
+    from scipy import stats as scipy_stats
+
+    post, pre = [11.648, 11.827, 11.423], [11.493, 11.869, 11.354]
+    diffs = [b - a for a, b in zip(post, pre)]
+    low, high = scipy_stats.t.interval(0.95, 2, loc=statistics.mean(diffs), scale=scipy_stats.sem(diffs))
+    r = stats.seed_paired(pre, post, [1, 2, 3], [1, 2, 3])
+    assert r["per_seed"] == pytest.approx([-0.155, 0.042, -0.069], abs=1e-12)
+    assert r["ci95"] == [round(low, 2), round(high, 2)] == [-0.31, 0.18]
+    assert r["mean"] == round(statistics.mean(diffs), 2) and r["sd"] == round(statistics.stdev(diffs), 2)
+    assert "(95% CI -0.31 to +0.18)" in report.seed_paired_cell({"p": r}, "p")
+    committed = json.loads((RESULTS / "mlm_wikitext2.json").read_text())["preln"]["seed_paired_vs_postln"]
+    assert committed["ci95"] == [-0.31, 0.18]
 
 
 def _fake_run(backbone, seed, lr, loss, status="finished"):
@@ -266,3 +305,87 @@ def test_stability_limit_flags_and_their_defaults(monkeypatch):
                 ["--stability-limit", "--layers", "3"]):
         with pytest.raises(SystemExit):
             cli.parse_args(["--data", "d", "--out", "o", *bad])
+
+
+# --------------------------------------------------------------------------------------
+# results/summary.png: every study's seed-paired differences, from the study JSONs
+# --------------------------------------------------------------------------------------
+
+def _committed_record(row, backbone, key):
+    s = json.loads((RESULTS / f"{row['name']}.json").read_text())
+    if row["kind"] == "depth":
+        return (s["depths"][str(row["depth"])].get(backbone) or {}).get(key)
+    if row["kind"] == "stability":
+        return (next(r for lr, r in s["grid"].items() if float(lr) == row["lr"]).get(backbone) or {}).get(key)
+    if row["kind"] == "lr_sweep":
+        return next((r for lr, r in s.get(key, {}).get(backbone, {}).items() if float(lr) == row["lr"]), None)
+    return (s.get(backbone) or {}).get(key)
+
+
+def test_summary_rows_are_the_committed_seed_paired_records():
+    from realformer_nmt.experiments.translation import summary
+
+    rows = summary.summary_rows(str(RESULTS))
+    labels = [summary.row_label(r) for r in rows]
+    assert labels[:2] == ["comparison: En→De, 3+3, lr 1e-3, 1800 upd.", "comparison: En→Fr, 3+3, lr 1e-3, 1800 upd."]
+    assert "depth stress: En→De, 6+6, lr 1e-3, 1200 upd." in labels
+    # the stability grid's lr 1e-3 column is the depth test's 12+12 runs: one row, both names
+    assert "depth stress = stability limit: En→De, 12+12, lr 1e-3, 1200 upd." in labels
+    assert "stability limit: En→De, 12+12, lr 2.5e-4, 1200 upd." in labels
+    assert labels[-1] == "masked LM: WikiText-2, 4 layers, lr 1e-3, 600 upd."
+    assert not any("ablation" in label for label in labels)
+    for row in rows:
+        for (backbone, key, _), cell in zip(summary.COMPARISONS, row["cells"]):
+            record = _committed_record(row, backbone, key)
+            if cell is None:
+                assert not record
+                continue
+            assert cell["per_seed"] == record["per_seed"] and cell["mean"] == record["mean"]
+            assert cell.get("ci95") == record.get("ci95")
+    de = rows[0]["cells"]
+    assert summary.cell_text(de[1]) == "+1.33 [+0.05, +2.61]"
+    lagging = next(r for r in rows if r["depth"] == 12 and r["lr"] == 2.5e-4)["cells"][0]
+    assert summary.cell_text(lagging) == "-0.31, -0.56  (both lagging)"
+
+
+def test_rerender_draws_the_summary_with_a_study_added_later(tmp_path):
+    """A results JSON that appears later (the stability-limit study at depth 6) gets its rows
+    in summary.png with no change to the code: the rows come from the folder's JSONs."""
+    from realformer_nmt.experiments.translation import summary
+
+    for p in RESULTS.glob("*.json"):
+        shutil.copy(p, tmp_path / p.name)
+    later = json.loads((RESULTS / "stability_depth12.json").read_text())
+    later["depth"], later["recipe"]["settings"]["layers"] = 6, 6
+    for row in later["grid"].values():
+        for e in row.values():
+            if e is not None:
+                e["bleu_per_seed"] = [b + 20 for b in e["bleu_per_seed"]] + [25.0]
+                e["seeds"] = e["seeds"] + [3]
+                e["status_per_seed"] = e["status_per_seed"] + ["ok"]
+    (tmp_path / "lr_limit_depth6.json").write_text(json.dumps(later))
+    assert rerender.main(sorted(str(p) for p in tmp_path.glob("*.json"))) == 0
+    png = (tmp_path / "summary.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20000
+    rows = [r for r in summary.summary_rows(str(tmp_path)) if r["name"] == "lr_limit_depth6"]
+    assert [summary.row_label(r) for r in rows] == [
+        f"stability limit: En→De, 6+6, lr {lr}, 1200 upd." for lr in ("1e-3", "5e-4", "2.5e-4")]
+    # three seeds now: the upgrade recomputed the seed-paired records, drawn with their interval
+    assert all(len(c["per_seed"]) == 3 and c["ci95"] for r in rows for c in r["cells"])
+
+
+def test_a_study_written_beside_summary_png_redraws_it(tmp_path):
+    """compare_backbones writing results/lr_limit_depth6.json (write_outputs) redraws the
+    summary figure of its folder; a folder without one (a test's, a scratch run's) gets none."""
+    from realformer_nmt.experiments.translation import summary
+
+    shutil.copy(RESULTS / "multi30k_en_de.json", tmp_path / "multi30k_en_de.json")
+    later = json.loads((RESULTS / "stability_depth12.json").read_text())
+    later["depth"] = 6
+    report.write_outputs(later, str(tmp_path / "lr_limit_depth6.json"), stability.stability_markdown, _no_plot)
+    assert not (tmp_path / "summary.png").exists()
+    (tmp_path / "summary.png").write_bytes(b"stale")
+    report.write_outputs(later, str(tmp_path / "lr_limit_depth6.json"), stability.stability_markdown, _no_plot)
+    assert (tmp_path / "summary.png").read_bytes().startswith(b"\x89PNG")
+    names = {r["name"] for r in summary.summary_rows(str(tmp_path))}
+    assert names == {"multi30k_en_de", "lr_limit_depth6"}

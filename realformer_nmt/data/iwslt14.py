@@ -217,8 +217,12 @@ def tokenize(lines, lang, workers=1):
 
 
 def lowercase(lines):
-    """``lowercase.perl`` (Perl's ``lc``)."""
-    return [line.lower() for line in lines]
+    """``lowercase.perl`` (Perl's ``lc``): each character's Unicode lowercase, without
+    context. Python's ``str.lower`` adds one rule Perl's ``lc`` lacks, Unicode's Final_Sigma:
+    a capital sigma that ends a word becomes ``ς``, where ``lc`` gives ``σ`` as everywhere
+    (``ΟΔΟΣ`` -> ``οδοσ``). Mapping ``Σ`` to ``σ`` first leaves ``str.lower`` nothing
+    conditional; everything else (full mappings such as ``İ`` -> ``i̇``) is the same in both."""
+    return [line.replace("\u03a3", "\u03c3").lower() for line in lines]
 
 
 def _normalize(line, factored):

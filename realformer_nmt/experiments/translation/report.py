@@ -6,16 +6,23 @@ import os
 from .. import fairseq_runs
 
 
-def write_outputs(summary, json_path, markdown, plot):
+def write_outputs(summary, json_path, markdown, plot, refresh_summary=True):
     """``json_path`` plus ``.md`` and ``.png`` beside it; paths inside the repository are
-    written relative to it (committed results carry no paths of the machine they ran on)."""
-    os.makedirs(os.path.dirname(os.path.abspath(json_path)) or ".", exist_ok=True)
+    written relative to it (committed results carry no paths of the machine they ran on).
+    Where the folder has a ``summary.png`` (``results/``), it is drawn again with this study
+    in it (``refresh_summary``; the rerender command draws it once at the end instead)."""
+    folder = os.path.dirname(os.path.abspath(json_path)) or "."
+    os.makedirs(folder, exist_ok=True)
     stem = os.path.splitext(json_path)[0]
     summary = fairseq_runs.portable(fairseq_runs.finite_or_none(summary))
     fairseq_runs.write_json(json_path, summary)
     with open(stem + ".md", "w", encoding="utf-8") as f:
         f.write(markdown(summary))
     plot(summary, stem + ".png")
+    if refresh_summary and os.path.exists(os.path.join(folder, "summary.png")):
+        from .summary import write_summary
+
+        write_summary(folder, log=lambda message: None)
 
 
 def fmt(x, digits=2):

@@ -7,9 +7,12 @@ Each JSON is brought to the current record (``upgrade``: the one outcome vocabul
 the paired test described for what it measures) and written back with its ``.md`` and
 ``.png`` (``results/speed_*.json``: its ``.md``). Upgrading is idempotent: re-rendering a
 re-rendered file changes nothing. JSON files that are not study results are skipped.
+Then each folder of the study JSONs given gets ``summary.png``: every study JSON in it,
+its seed-paired differences in one figure (``summary.py``).
 """
 
 import json
+import os
 import re
 import sys
 
@@ -22,6 +25,7 @@ from .recipe import ABLATION, MAIN_ORDER
 from .report import write_outputs
 from .stability import plot_stability, stability_markdown
 from .stats import PAIRED_TEST_NOTE, add_seed_paired, outcome_rule
+from .summary import write_summary
 
 RENAMED = {"stalled": "lagging"}  # the depth and lr studies' old word for it
 
@@ -127,23 +131,39 @@ def rerender(path, plot=True, log=print):
             f.write(benchmark.markdown(summary))
     else:
         markdown, plotter = writers(k)
-        write_outputs(summary, path, markdown, plotter if plot else (lambda summary, path: None))
+        write_outputs(summary, path, markdown, plotter if plot else (lambda summary, path: None), refresh_summary=False)
     log(f"[rerender] {path} ({k}): wrote .md{', .png' if plot and k != 'speed' else ''}"
         f"{'' if k == 'speed' else ' and the JSON'}")
     return k
+
+
+def parse_args(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m realformer_nmt.experiments.translation.rerender",
+        description="Re-render committed results from their JSON alone (no training): each study JSON "
+                    "is brought to the current record and written back with its .md and .png; then "
+                    "summary.png is drawn in each folder from every study JSON in it.",
+    )
+    parser.add_argument("paths", nargs="+", metavar="RESULTS_JSON",
+                        help="results JSON files (e.g. results/*.json); files that are not a study's "
+                             "results are skipped")
+    return parser.parse_args(argv)
 
 
 def main(argv=None):
     import logging
 
     logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
-    paths = sys.argv[1:] if argv is None else argv
-    if not paths or any(p in ("-h", "--help") for p in paths):
-        print(__doc__)
-        return 0 if paths else 2
+    paths = parse_args(argv).paths
     try:
+        folders = []
         for path in paths:
-            rerender(path)
+            if rerender(path) not in (None, "speed") and os.path.dirname(path) not in folders:
+                folders.append(os.path.dirname(path))
+        for path in folders:
+            write_summary(path or ".")
     except (OSError, ValueError, KeyError, RealFormerError) as exc:
         print(f"rerender: error: {path}: {exc}", file=sys.stderr)
         return 1

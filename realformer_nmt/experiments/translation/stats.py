@@ -89,6 +89,8 @@ def summarize_backbone(results, backbone, residual_mode):
     }
 
 
+EXACT_DIGITS = 10  # differences of values given to a few decimals, without binary noise
+
 OUTCOMES = ("ok", "lagging", "diverged")  # the one vocabulary of run outcomes (docs/results.md)
 DIVERGED_RULE = ("diverged: fairseq stopped on NaN/inf (FloatingPointError: NaN/inf gradients, or fp16 "
                  "'Minimum loss scale reached') or no finite validation loss")
@@ -112,11 +114,16 @@ def classify(result, reference_loss, margin):
 def seed_paired(values, reference_values, seeds, reference_seeds, digits=2):
     """Differences ``value - reference`` on the same seed: ``{"seeds", "per_seed", "mean"}``
     plus, with 3 or more paired seeds, ``"sd"`` and ``"ci95"`` (Student t over seeds). Seeds
-    where either side has no value (a diverged run, a run not done) are left out."""
+    where either side has no value (a diverged run, a run not done) are left out.
+
+    Only what is shown is rounded: ``per_seed`` keeps each difference exactly (to
+    ``EXACT_DIGITS``, which only removes binary noise such as 0.15499999999999936 from
+    values given to 2-4 decimals), and the mean, sd and interval are computed from those
+    exact differences, then rounded to ``digits``."""
     by_seed = dict(zip(reference_seeds, reference_values))
     pairs = [(seed, v, by_seed[seed]) for seed, v in zip(seeds, values)
              if seed in by_seed and v is not None and by_seed[seed] is not None]
-    per_seed = [round(v - ref, digits) for _, v, ref in pairs]
+    per_seed = [round(v - ref, EXACT_DIGITS) for _, v, ref in pairs]
     out = {"seeds": [seed for seed, _, _ in pairs], "per_seed": per_seed,
            "mean": round(statistics.mean(per_seed), digits) if per_seed else None}
     if len(per_seed) >= 3:
