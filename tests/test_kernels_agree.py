@@ -99,7 +99,7 @@ def test_left_padding_rows_that_see_no_real_key_exist_and_get_no_score_gradient(
     """The case the test above guards: SDPA alone would send these rows a gradient
     (up to ~1e2 before the fix); every kernel now sends them none through the scores."""
     pad, attn_mask = masks("causal+left")
-    dead = ra._rows_without_real_keys(pad, attn_mask, False)
+    dead = ra.MaskFacts.of(pad, attn_mask).dead_rows
     assert dead is not None and dead[:, 0, :, 0].tolist() == [
         [True, True, True, False, False, False], [False] * T, [True] + [False] * (T - 1)]
     x = torch.randn(T, B, C, generator=torch.Generator().manual_seed(2))

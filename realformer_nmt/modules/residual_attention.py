@@ -137,6 +137,62 @@ class ResidualState(NamedTuple):
             return total
 
 
+
+class MaskFacts(NamedTuple):
+    """What the SDPA kernels branch on about the masks of a path, for one forward.
+
+    Every layer of a path sees the same masks, so whoever builds them (the decoder, for
+    its self-attention path) establishes these once per forward with :meth:`of` (at most
+    one read of tensor values on the host) and hands them to every layer; a module given
+    none establishes them itself, per call.
+
+    * ``causal``: ``attn_mask`` is fairseq's future mask (0 on and below the diagonal,
+      -inf above) and every row of ``key_padding_mask`` is real keys, then padding (or
+      there is no padding): SDPA's ``is_causal`` computes it (see ``_sdpa_mask``);
+    * ``shortest``: the fewest real keys of a row of ``key_padding_mask`` (None: no
+      padding mask, or not read);
+    * ``dead_rows``: ``[B, 1, T, 1]``, True at query rows that see no real key (every key
+      they may attend to is padded), or None where no row does.
+    """
+
+    causal: bool = False
+    shortest: Optional[int] = None
+    dead_rows: Optional[Tensor] = None
+
+    @classmethod
+    def of(cls, key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor]) -> "MaskFacts":
+        """The facts of ``key_padding_mask`` (``[B, S]``, True at padded keys) and
+        ``attn_mask`` (additive ``[T, S]``), with one host read at most (``tolist``).
+
+        Nothing is read with padding alone (no ``attn_mask``): a row then sees no real key
+        only if its whole sentence is padding, which fairseq's batches never hold (not
+        checked). Nor under ``torch.compile``, where a read is a graph break: the general
+        mask runs and the rows without a real key are replaced wherever they are (a
+        ``torch.where`` that finds none changes nothing)."""
+        if attn_mask is None:
+            return cls()
+        pad = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
+        dead = None
+        if pad is not None:  # [B, T]: no key both real and allowed by attn_mask
+            dead = ~(~pad[:, None, :] & ~torch.isneginf(attn_mask)[None]).any(dim=-1)
+        if torch.compiler.is_compiling():
+            return cls(dead_rows=None if dead is None else dead[:, None, :, None])
+        checks = []  # 0-dim integer tensors, read together
+        square = attn_mask.dim() == 2 and attn_mask.size(0) == attn_mask.size(1)
+        if square:
+            future = torch.ones(attn_mask.shape, dtype=torch.bool, device=attn_mask.device).triu(1)
+            checks.append(torch.isneginf(attn_mask).eq(future).all() & attn_mask.masked_fill(future, 0).eq(0).all())
+        if pad is not None:
+            checks += [(pad[:, 1:] | ~pad[:, :-1]).all(),  # right padding: real keys, then padding
+                       (~pad).sum(-1).min(), dead.any()]
+        values = torch.stack([c.long() for c in checks]).tolist()  # the one host read
+        causal = bool(values[0]) if square else False
+        if pad is None:
+            return cls(causal=causal)
+        right_padded, shortest, any_dead = values[-3:]
+        return cls(causal=causal and bool(right_padded), shortest=int(shortest),
+                   dead_rows=dead[:, None, :, None] if any_dead else None)
+
 def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int) -> str:
     """The kernel ``auto`` runs for layer ``terms`` of a path on a full (uncached) pass.
 
@@ -382,6 +438,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         attn_mask: Optional[Tensor] = None,
         need_head_weights: bool = False,
         prev_state: Optional[ResidualState] = None,
+        mask_facts: Optional[MaskFacts] = None,
     ) -> Tuple[Tensor, Optional[Tensor], Optional[ResidualState]]:
         """Input ``T x B x C`` as in fairseq; returns ``(output, weights, state)``.
 
@@ -392,6 +449,9 @@ class ResidualMultiheadAttention(MultiheadAttention):
             prev_state: the previous layer's :class:`ResidualState` on this path
                 (``None`` for the first layer). In cached decoding its scores are the
                 current step's rows only.
+            mask_facts: the :class:`MaskFacts` of ``key_padding_mask`` and ``attn_mask``,
+                established once per forward by whoever built them (the fused and bias
+                kernels branch on them); None: established here when a kernel needs them.
 
         Returns:
             output ``[T, B, C]``; weights as fairseq's (``[B, T, S]`` averaged over
@@ -414,10 +474,10 @@ class ResidualMultiheadAttention(MultiheadAttention):
             return output, weights, None
         need_weights = need_weights or need_head_weights
         kernel = self.kernel_for(query, key, incremental_state, need_weights, prev_state)
-        if kernel == "fused":
-            return self._fused_forward(query, key, value, key_padding_mask, attn_mask, prev_state)
-        if kernel == "bias":
-            return self._bias_forward(query, key, value, key_padding_mask, attn_mask, prev_state)
+        if kernel in ("fused", "bias"):
+            facts = mask_facts if mask_facts is not None else MaskFacts.of(key_padding_mask, attn_mask)
+            run = self._fused_forward if kernel == "fused" else self._bias_forward
+            return run(query, key, value, key_padding_mask, attn_mask, prev_state, facts)
         return self._materialized_forward(
             query, key, value, key_padding_mask, incremental_state,
             need_weights, static_kv, attn_mask, need_head_weights, prev_state,
@@ -531,7 +591,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
     # fused: concatenated queries and keys through scaled_dot_product_attention
     # ----------------------------------------------------------------------------------
 
-    def _fused_forward(self, query, key, value, key_padding_mask, attn_mask, prev_state):
+    def _fused_forward(self, query, key, value, key_padding_mask, attn_mask, prev_state, facts: MaskFacts):
         tgt_len, bsz, _ = query.size()
         q, k, v = self._project(query, key, value)  # [B, H, T|S, d]; q scaled by 1/sqrt(d)
         queries, keys = (q,), (k,)
@@ -544,27 +604,30 @@ class ResidualMultiheadAttention(MultiheadAttention):
                 )
             queries, keys = prev_state.queries + queries, prev_state.keys + keys
         terms = len(queries)
-        mask, causal, padded_keys = _sdpa_mask(key_padding_mask, attn_mask, q.dtype, tgt_len, k.size(2))
-        args = (mask, causal, padded_keys, self._dropout_p(), 1.0 / self._divisor(terms), terms)
+        mask, causal, padded_keys = _sdpa_mask(key_padding_mask, attn_mask, q.dtype, tgt_len, k.size(2), facts)
+        args = (mask, causal, padded_keys, facts.shortest, self._dropout_p(), 1.0 / self._divisor(terms), terms)
         if terms > 1 and torch.is_grad_enabled():
             # recomputed in backward: autograd keeps the per-layer q/k, never their n*d-wide concatenation
             out = checkpoint(_stacked_attention, *args, *queries, *keys, v, use_reentrant=False)
         else:
             out = _stacked_attention(*args, *queries, *keys, v)
-        out = self._uniform_rows_without_real_keys(out, v, key_padding_mask, attn_mask, causal)
+        out = self._uniform_rows_without_real_keys(out, v, key_padding_mask, facts)
         output = self._project_out(out, tgt_len, bsz)
         return output, None, ResidualState(queries=queries, keys=keys, terms=terms)
 
     def _uniform_rows_without_real_keys(self, out: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
-                                        attn_mask: Optional[Tensor], causal_shortcut: bool) -> Tensor:
+                                        facts: MaskFacts) -> Tensor:
         """SDPA's ``out`` with the rows that see no real key replaced by what the
         materialized kernel computes there: the uniform average of the values of the
         padded keys, a constant of the scores. (SDPA's own forward rounds to that, but its
         backward recomputes those probabilities from a log-sum-exp that the mask's huge
         value swallows, and sends gradients through the scores.)"""
-        dead = _rows_without_real_keys(key_padding_mask, attn_mask, causal_shortcut)
-        if dead is None:
+        dead = facts.dead_rows  # [B, 1, T, 1]
+        if dead is None or key_padding_mask is None:
             return out
+        if dead.size(0) != out.size(0) or dead.size(2) != out.size(2):
+            raise ValueError(f"mask_facts.dead_rows has shape {tuple(dead.shape)}, expected "
+                             f"({out.size(0)}, 1, {out.size(2)}, 1) (batch x 1 x tgt_len x 1 of this call)")
         weights = dead & key_padding_mask.to(torch.bool)[:, None, None, :]  # [B, 1, T, S]
         weights = weights.to(v.dtype)
         weights = weights / weights.sum(-1, keepdim=True).clamp(min=1)
@@ -575,9 +638,9 @@ class ResidualMultiheadAttention(MultiheadAttention):
     # bias: the previous layers' sum as SDPA's additive mask
     # ----------------------------------------------------------------------------------
 
-    def _bias_forward(self, query, key, value, key_padding_mask, attn_mask, prev_state):
+    def _bias_forward(self, query, key, value, key_padding_mask, attn_mask, prev_state, facts: MaskFacts):
         if prev_state is None:  # nothing to add yet: the first layer is fused's (plain SDPA)
-            return self._fused_forward(query, key, value, key_padding_mask, attn_mask, None)
+            return self._fused_forward(query, key, value, key_padding_mask, attn_mask, None, facts)
         tgt_len, bsz, _ = query.size()
         q, k, v = self._project(query, key, value)  # [B, H, T|S, d]; q scaled by 1/sqrt(d)
         prev = prev_state.running_sum()  # A_{n-1}, float32 (one baddbmm after a bias layer)
@@ -602,7 +665,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
             _log_bias_fallback_once(q.device, exc)
             return self._materialized_forward(query, key, value, key_padding_mask, None, False, False,
                                               attn_mask, False, prev_state)
-        out = self._uniform_rows_without_real_keys(out, v, key_padding_mask, attn_mask, False)
+        out = self._uniform_rows_without_real_keys(out, v, key_padding_mask, facts)
         output = self._project_out(out, tgt_len, bsz)
         # A_n = A_{n-1} + q k^T is formed by the next layer that asks for it
         return output, None, ResidualState(scores=prev, queries=(q,), keys=(k,), terms=terms)
@@ -622,12 +685,13 @@ class ResidualMultiheadAttention(MultiheadAttention):
         return x.view(length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
 
-def _stacked_attention(mask: Optional[Tensor], causal: bool, padded_keys: Optional[Tensor], dropout_p: float,
-                       scale: float, terms: int, *tensors: Tensor):
+def _stacked_attention(mask: Optional[Tensor], causal: bool, padded_keys: Optional[Tensor],
+                       shortest: Optional[int], dropout_p: float, scale: float, terms: int, *tensors: Tensor):
     """``softmax(scale * [q_1..q_n] [k_1..k_n]^T + mask) v`` with SDPA; ``tensors`` are
     ``q_1..q_n, k_1..k_n, v``. Returns ``[B, H, T, d]``.
 
-    ``padded_keys`` ([B, S], right padding; only with ``causal``): SDPA's causal kernel
+    ``padded_keys`` ([B, S], right padding, the shortest row ``shortest`` real keys long;
+    only with ``causal``): SDPA's causal kernel
     lets a padded query row see the padded keys up to its own position, which the
     materialized kernel masks. Nothing downstream reads those rows, but every kernel gives
     the same tensor: the rows from the shortest sentence's end on are attended again,
@@ -639,7 +703,7 @@ def _stacked_attention(mask: Optional[Tensor], causal: bool, padded_keys: Option
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                          dropout_p=dropout_p, scale=scale)  # q carries 1/sqrt(d)
     if padded_keys is not None:
-        first = int((~padded_keys).sum(-1).min())  # the shortest sentence's length
+        first = shortest  # the shortest sentence's length (established with the masks: no host read)
         key_mask = torch.zeros(padded_keys.shape, dtype=q.dtype, device=q.device).masked_fill(
             padded_keys, torch.finfo(q.dtype).min)[:, None, None, :]
         tail = F.scaled_dot_product_attention(q[:, :, first:], k, v, attn_mask=key_mask,
@@ -663,25 +727,22 @@ def _pad_values(v: Tensor, qk_dim: int) -> Tensor:
 
 
 def _sdpa_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], dtype: torch.dtype,
-               tgt_len: int, src_len: int) -> Tuple[Optional[Tensor], bool, Optional[Tensor]]:
+               tgt_len: int, src_len: int, facts: "MaskFacts") -> Tuple[Optional[Tensor], bool, Optional[Tensor]]:
     """``(attn_mask, is_causal, padded_keys)`` for SDPA, with the materialized kernel's
     semantics at every position.
 
     Padded keys get the most negative finite value (a fully padded row is uniform, as in
     ``_masked_softmax``); ``attn_mask`` is added as it is. No ``T x S`` tensor is built
     where it can be avoided: ``[B, 1, 1, S]`` for padding alone; ``[T, S]`` for a mask
-    alone; fairseq's causal mask with right-padded keys (its target batches) is SDPA's
-    ``is_causal`` without any mask: padded keys then come after every real query's
-    position, so only the rows of padded queries see them, and those rows are redone
-    from the returned ``padded_keys`` (see ``_stacked_attention``).
+    alone; fairseq's causal mask with right-padded keys (its target batches;
+    ``facts.causal``) is SDPA's ``is_causal`` without any mask: padded keys then come after
+    every real query's position, so only the rows of padded queries see them, and those
+    rows are redone from the returned ``padded_keys`` (see ``_stacked_attention``).
     Otherwise (left-padded targets, ``--cross-self-attention``) one ``[B, 1, T, S]`` mask.
     """
-    # The is_causal shortcut reads mask values (a graph break under torch.compile): compiled
-    # graphs take the general mask instead.
-    if (attn_mask is not None and not torch.compiler.is_compiling() and _is_causal(attn_mask, tgt_len, src_len)
-            and (key_padding_mask is None or _pads_only_at_the_end(key_padding_mask))):
-        padded = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
-        return None, True, (padded if padded is not None and bool(padded[:, -1].any()) else None)
+    if facts.causal and attn_mask is not None and attn_mask.shape == (tgt_len, src_len):
+        padded = key_padding_mask is not None and facts.shortest is not None and facts.shortest < src_len
+        return None, True, (key_padding_mask.to(torch.bool) if padded else None)
     mask: Optional[Tensor] = None
     if attn_mask is not None:
         mask = attn_mask.to(dtype)
@@ -693,20 +754,6 @@ def _sdpa_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], 
             mask = mask.expand(pad.size(0), 1, tgt_len, src_len)
         mask = mask.masked_fill(pad, torch.finfo(dtype).min)
     return mask, False, None
-
-
-def _is_causal(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
-    """fairseq's future mask: 0 on and below the diagonal, -inf above."""
-    if tgt_len != src_len or attn_mask.shape != (tgt_len, src_len):
-        return False
-    future = torch.ones(tgt_len, src_len, dtype=torch.bool, device=attn_mask.device).triu(1)
-    return bool(torch.equal(torch.isneginf(attn_mask), future) and not attn_mask.masked_fill(future, 0).any())
-
-
-def _pads_only_at_the_end(key_padding_mask: Tensor) -> bool:
-    """Every row is real keys, then padding (right padding)."""
-    pad = key_padding_mask.to(torch.bool)
-    return bool((pad[:, 1:] | ~pad[:, :-1]).all())
 
 
 def _additive_bias(prev: Tensor, divisor: float, key_padding_mask: Optional[Tensor],
@@ -725,20 +772,3 @@ def _additive_bias(prev: Tensor, divisor: float, key_padding_mask: Optional[Tens
     if key_padding_mask is not None:
         bias.masked_fill_(key_padding_mask.to(torch.bool)[:, None, None, :], torch.finfo(dtype).min)
     return bias.to(dtype)
-
-
-def _rows_without_real_keys(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor],
-                            causal_shortcut: bool) -> Optional[Tensor]:
-    """``[B, 1, T, 1]``, True at query rows whose every key is padded or hidden by
-    ``attn_mask`` (-inf), or None when there are none: with both masks, the first rows of
-    left-padded targets under the causal mask. (The right-padded causal shortcut of
-    :func:`_sdpa_mask` recomputes its padded rows over the real keys, so it has none; with
-    padding alone a row sees no real key only if its whole sentence is padding, which
-    fairseq's batches never hold: not checked, to spare a device sync per layer.)"""
-    if key_padding_mask is None or attn_mask is None or causal_shortcut:
-        return None
-    visible = ~key_padding_mask.to(torch.bool)[:, None, :] & ~torch.isneginf(attn_mask)[None]  # [B, T, S]
-    dead = ~visible.any(dim=-1)
-    if not bool(dead.any()):
-        return None
-    return dead[:, None, :, None]
