@@ -193,3 +193,25 @@ def test_batches_with_other_mask_facts_read_once_and_equal_materialized(dictiona
     assert (have - want).abs().max() <= 1e-5 * want.abs().max()
     for (name, p), q in zip(ref.named_parameters(), got.parameters()):
         assert (q.grad - p.grad).abs().max() <= 1e-5 * max(1.0, p.grad.abs().max().item()), name
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_bert_encoder_reads_once_per_forward_and_no_more_than_roberta(kernel):
+    """``realformer_bert`` runs the same encoder loop and module (padding alone: no mask
+    fact to read): one read per forward (its padding check) at every depth."""
+    from bert_helpers import bert_batch, bert_dictionary, build_bert
+
+    d = bert_dictionary()
+    tokens = bert_batch(d, bsz=4)  # right-padded, as fairseq's masked-LM tasks pad
+
+    def reads(arch, layers, **overrides):
+        m = build_bert(arch, dictionary=d, encoder_layers=layers, **overrides).train()
+        with counting_host_reads() as counted:
+            logits, _ = m(tokens)
+            logits.float().logsumexp(-1).mean().backward()
+        return counted.total
+
+    ours = {layers: reads("realformer_bert", layers, residual_attention_kernel=kernel) for layers in DEPTHS}
+    assert ours[DEPTHS[0]] == ours[DEPTHS[-1]], ours
+    for layers in DEPTHS:
+        assert ours[layers] <= reads("roberta", layers), (layers, ours)
