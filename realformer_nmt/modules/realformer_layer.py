@@ -112,11 +112,10 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
         encoder_padding_mask: Optional[Tensor],
         attn_mask: Optional[Tensor] = None,
         prev_state: Optional[ResidualState] = None,
-        mask_facts: Optional[MaskFacts] = None,
     ):
-        """``x``: ``[T, B, C]``; ``prev_state``: the previous layer's state or None;
-        ``mask_facts``: the :class:`MaskFacts` of the masks, if the caller established them.
-        Returns ``(x, state)``; state is None off the residual path."""
+        """``x``: ``[T, B, C]``; ``prev_state``: the previous layer's state or None.
+        Returns ``(x, state)``; state is None off the residual path. (With padding alone,
+        what the encoder passes, the kernels need no :class:`MaskFacts`.)"""
         if attn_mask is not None:
             # fairseq's convention: 1 = masked, turned into a large finite negative
             attn_mask = attn_mask.masked_fill(
@@ -133,7 +132,6 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
             need_weights=False,
             attn_mask=attn_mask,
             prev_state=prev_state,
-            mask_facts=mask_facts,
         )
         x = self.dropout_module(x)
         x = self.residual_connection(x, residual)
