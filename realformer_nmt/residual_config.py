@@ -196,6 +196,6 @@ def add_args(parser, available=PATHS):
              "bias (the previous layers' float32 sum enters PyTorch's scaled_dot_product_attention "
              "as an additive mask: no probabilities stored on CUDA), fused (concatenated "
              "queries/keys passed on, scaled_dot_product_attention; no T x S tensor stored), or "
-             "auto (per path and call: the rule in modules/residual_attention.py, measured on CPU; "
+             "auto (per path and call: the rule in modules/residual_attention/choice.py, measured on CPU; "
              "on CUDA results/gpu/kernel_rule.json, else bias). Default: auto",
     )

@@ -13,6 +13,7 @@ import logging
 import pytest
 import torch
 import torch.nn.attention as attention
+import torch.nn.functional as F
 from test_kernels_agree import forward_backward, masks, stack
 from torch.nn.attention import SDPBackend
 from torch.utils.checkpoint import checkpoint
@@ -31,7 +32,7 @@ def recording_sdpa_kernel(monkeypatch):
     """Patch ``sdpa_kernel``: record the backends each entry restricts to, and for every SDPA
     call whether it ran inside such a restriction."""
     entered, calls, depth = [], [], [0]
-    real_kernel, real_sdpa = attention.sdpa_kernel, ra.F.scaled_dot_product_attention
+    real_kernel, real_sdpa = attention.sdpa_kernel, F.scaled_dot_product_attention
 
     @contextlib.contextmanager
     def kernel(backends, *args, **kwargs):
@@ -48,7 +49,7 @@ def recording_sdpa_kernel(monkeypatch):
         return real_sdpa(q, k, v, attn_mask=attn_mask, **kw)
 
     monkeypatch.setattr(attention, "sdpa_kernel", kernel)
-    monkeypatch.setattr(ra.F, "scaled_dot_product_attention", sdpa)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
     return entered, calls
 
 
@@ -83,8 +84,8 @@ def test_bias_sdpa_without_a_mask_gradient_is_not_restricted(monkeypatch):
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_a_refusing_backend_makes_the_call_materialized_with_every_gradient_logged_once(monkeypatch, caplog, mode):
     # the memory-efficient backend refuses every call on CPU: a backend that refuses
-    monkeypatch.setattr(ra, "mask_grad_backends", lambda device: [SDPBackend.EFFICIENT_ATTENTION])
-    monkeypatch.setattr(ra, "_LOGGED_FALLBACKS", set())
+    monkeypatch.setattr(ra.sdpa_probe, "mask_grad_backends", lambda device: [SDPBackend.EFFICIENT_ATTENTION])
+    monkeypatch.setattr(ra.bias, "_LOGGED_FALLBACKS", set())
     ran = []
     real = ra.ResidualMultiheadAttention._materialized_forward
 
@@ -113,7 +114,7 @@ def test_an_unrelated_sdpa_error_is_raised_not_hidden(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(ra.F, "scaled_dot_product_attention", broken)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", broken)
     mods = stack("bias", "sum", layers=2)
     x = torch.randn(T, B, C, requires_grad=True)
     state = ra.ResidualState.of_scores(torch.zeros(B, 4, T, T, requires_grad=True))
@@ -133,12 +134,12 @@ def probe(monkeypatch):
 
     def use(accepting):
         backends = [SDPBackend.MATH] if accepting else [SDPBackend.EFFICIENT_ATTENTION]
-        monkeypatch.setattr(ra, "mask_grad_backends", lambda device: backends)
-        ra._bias_backend_probe.cache_clear()
-        return lambda: ra._bias_backend_probe("cpu")
+        monkeypatch.setattr(ra.sdpa_probe, "mask_grad_backends", lambda device: backends)
+        ra.sdpa_probe._bias_backend_probe.cache_clear()
+        return lambda: ra.sdpa_probe._bias_backend_probe("cpu")
 
     yield use
-    ra._bias_backend_probe.cache_clear()
+    ra.sdpa_probe._bias_backend_probe.cache_clear()
 
 
 def in_a_checkpointed_layer(fn, use_reentrant):

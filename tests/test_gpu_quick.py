@@ -97,17 +97,17 @@ def test_quick_train_speed_and_ddp_in_the_dry_run(quick):
 
 
 def test_exactness_fails_a_kernel_whose_residual_path_lost_its_gradient(monkeypatch):
-    real = ra._additive_bias
+    real = ra.bias._additive_bias
 
     def detached(prev, *args):  # the bias kernel with the mask's gradient dropped (a cuDNN-like backend)
         return real(prev.detach(), *args)
 
-    monkeypatch.setattr(ra, "_additive_bias", detached)
+    monkeypatch.setattr(ra.bias, "_additive_bias", detached)
     checks = exactness.model_agreement("cpu", TOY, log=lambda m: None)
     bias = [c for c in checks if c["kernel"] == "bias"]
     assert bias and all(c["status"] == "failed" for c in bias)
     assert any("q_proj" in p or "k_proj" in p for c in bias for p in c["problems"])
-    monkeypatch.setattr(ra, "_additive_bias", real)
+    monkeypatch.setattr(ra.bias, "_additive_bias", real)
     assert all(c["status"] == "passed" for c in exactness.model_agreement("cpu", TOY, log=lambda m: None))
 
 

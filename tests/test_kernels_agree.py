@@ -99,7 +99,7 @@ def test_left_padding_rows_that_see_no_real_key_exist_and_get_no_score_gradient(
     """The case the test above guards: SDPA alone would send these rows a gradient
     (up to ~1e2 before the fix); every kernel now sends them none through the scores."""
     pad, attn_mask = masks("causal+left")
-    dead = ra._rows_without_real_keys(pad, attn_mask, False)
+    dead = ra.MaskFacts.of(pad, attn_mask).dead_rows
     assert dead is not None and dead[:, 0, :, 0].tolist() == [
         [True, True, True, False, False, False], [False] * T, [True] + [False] * (T - 1)]
     x = torch.randn(T, B, C, generator=torch.Generator().manual_seed(2))
@@ -124,7 +124,7 @@ def test_bias_kernel_feeds_sdpa_the_previous_sum_and_forms_a_n_lazily(monkeypatc
         calls.append((attn_mask, kw.get("scale")))
         return real_sdpa(q, k, v, attn_mask=attn_mask, **kw)
 
-    monkeypatch.setattr(ra.F, "scaled_dot_product_attention", recording)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
     mods = stack("bias", "mean", layers=3)
     ref = stack("materialized", "mean", layers=3)
     with torch.no_grad():
@@ -233,9 +233,9 @@ CUDA = torch.device("cuda")
 def rule_file(tmp_path, monkeypatch):
     path = tmp_path / "kernel_rule.json"
     monkeypatch.setenv(ra.KERNEL_RULE_ENV, str(path))
-    ra._read_kernel_rule.cache_clear()
+    ra.choice._read_kernel_rule.cache_clear()
     yield path
-    ra._read_kernel_rule.cache_clear()
+    ra.choice._read_kernel_rule.cache_clear()
 
 
 def test_cuda_auto_reads_the_measured_rule_and_logs_it_once(rule_file, monkeypatch, caplog):
@@ -244,7 +244,7 @@ def test_cuda_auto_reads_the_measured_rule_and_logs_it_once(rule_file, monkeypat
 
     rule_file.write_text(json.dumps({"device": "NVIDIA H100", "rule": {"first_layer": "fused",
                                                                       "later_layers": "bias"}}))
-    monkeypatch.setattr(ra, "bias_has_fused_backend", lambda device: True)
+    monkeypatch.setattr(ra.sdpa_probe, "bias_has_fused_backend", lambda device: True)
     with caplog.at_level(logging.INFO, logger=ra.__name__):
         kernels = [ra.auto_kernel(device=CUDA, training_dropout=True, terms=n) for n in (1, 2, 3)]
     assert kernels == ["fused", "bias", "bias"]
@@ -258,14 +258,14 @@ def test_cuda_auto_reads_the_measured_rule_and_logs_it_once(rule_file, monkeypat
 
 def test_cuda_auto_without_a_measured_rule_uses_bias_where_a_fused_backend_takes_it(rule_file, monkeypatch):
     assert not rule_file.exists()
-    monkeypatch.setattr(ra, "bias_has_fused_backend", lambda device: True)
+    monkeypatch.setattr(ra.sdpa_probe, "bias_has_fused_backend", lambda device: True)
     assert [ra.auto_kernel(device=CUDA, training_dropout=False, terms=n) for n in (1, 2)] == ["bias", "bias"]
-    monkeypatch.setattr(ra, "bias_has_fused_backend", lambda device: False)
+    monkeypatch.setattr(ra.sdpa_probe, "bias_has_fused_backend", lambda device: False)
     assert [ra.auto_kernel(device=CUDA, training_dropout=False, terms=n) for n in (1, 2)] == \
         ["materialized", "materialized"]
     rule_file.write_text("{not json")
-    monkeypatch.setattr(ra, "bias_has_fused_backend", lambda device: True)
-    ra._read_kernel_rule.cache_clear()
+    monkeypatch.setattr(ra.sdpa_probe, "bias_has_fused_backend", lambda device: True)
+    ra.choice._read_kernel_rule.cache_clear()
     assert ra.auto_kernel(device=CUDA, training_dropout=False, terms=2) == "bias"  # unreadable: the default
 
 

@@ -167,7 +167,7 @@ def test_installed_package_reads_its_packaged_rule_then_the_users_then_the_named
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert Path(out["module"]).parent == target / "realformer_nmt" / "modules"
+    assert Path(out["module"]).parent == target / "realformer_nmt" / "modules" / "residual_attention"
     packaged, user, named_step = out["steps"]
     assert packaged["rule"] == PACKAGED_RULE["rule"]
     assert packaged["source"] == [str(target / "realformer_nmt" / "modules" / "kernel_rule.json"),
@@ -192,13 +192,13 @@ def rule_places(tmp_path, monkeypatch):
               "user": tmp_path / "cache" / "realformer_nmt" / "kernel_rule.json"}
     for path in places.values():
         path.parent.mkdir(parents=True)
-    monkeypatch.setattr(ra, "PACKAGED_KERNEL_RULE", str(places["packaged"]))
-    monkeypatch.setattr(ra, "CHECKOUT_KERNEL_RULE", str(places["checkout"]))
+    monkeypatch.setattr(ra.choice, "PACKAGED_KERNEL_RULE", str(places["packaged"]))
+    monkeypatch.setattr(ra.choice, "CHECKOUT_KERNEL_RULE", str(places["checkout"]))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv(ra.KERNEL_RULE_ENV, raising=False)
-    ra._read_kernel_rule.cache_clear()
+    ra.choice._read_kernel_rule.cache_clear()
     yield places
-    ra._read_kernel_rule.cache_clear()
+    ra.choice._read_kernel_rule.cache_clear()
 
 
 def test_user_rule_path_follows_xdg_cache_home(monkeypatch, tmp_path):

@@ -81,9 +81,10 @@ def test_whole_model_compiles_to_eager_outputs_and_gradients_with_no_extra_graph
     assert_same_gradients(eager, twin)
     # graphs are split only where fairseq's own code branches on tensor values
     # (``if tokens.eq(pad).any()`` in the encoder and decoder): RealFormer adds no break
+    # (its encoder reads ``has_pads`` once where fairseq's reads it at every layer: one fewer)
     torch._dynamo.reset()
     vanilla = build(arch="transformer", dictionary=dictionary).train()
-    assert counter.frame_count == count_graphs(vanilla, src, lengths, tgt) >= 1
+    assert 1 <= counter.frame_count <= count_graphs(vanilla, src, lengths, tgt)
 
 
 def attention_stack():

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from .dropout_names import use_fairseq_dropout_names
-from .residual_attention import ResidualMultiheadAttention, ResidualState
+from .residual_attention import MaskFacts, ResidualMultiheadAttention, ResidualState
 
 
 def wrap_layer(layer, cfg):
@@ -114,7 +114,8 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
         prev_state: Optional[ResidualState] = None,
     ):
         """``x``: ``[T, B, C]``; ``prev_state``: the previous layer's state or None.
-        Returns ``(x, state)``; state is None off the residual path."""
+        Returns ``(x, state)``; state is None off the residual path. (With padding alone,
+        what the encoder passes, the kernels need no :class:`MaskFacts`.)"""
         if attn_mask is not None:
             # fairseq's convention: 1 = masked, turned into a large finite negative
             attn_mask = attn_mask.masked_fill(
@@ -190,11 +191,14 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
         need_head_weights: bool = False,
         prev_self_state: Optional[ResidualState] = None,
         prev_cross_state: Optional[ResidualState] = None,
+        self_mask_facts: Optional[MaskFacts] = None,
     ):
         """As fairseq's decoder layer, plus the two residual paths.
 
         ``self_attn_padding_mask`` is ``[B, T]`` over all target positions (cached ones
-        included). Returns ``(x, attn, self_attn_state, self_state, cross_state)``.
+        included); ``self_mask_facts``: the :class:`MaskFacts` of the self-attention masks
+        (with ``--cross-self-attention``, of the widened ones), if the decoder established
+        them. Returns ``(x, attn, self_attn_state, self_state, cross_state)``.
         """
         if need_head_weights:
             need_attn = True
@@ -218,6 +222,7 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
             need_weights=False,
             attn_mask=self_attn_mask,
             prev_state=prev_self_state,
+            mask_facts=self_mask_facts,
         )
         if self.c_attn is not None:
             tgt_len, bsz = x.size(0), x.size(1)
@@ -276,16 +281,28 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
         encoder part, only the new target step is passed as key, as in fairseq."""
         assert encoder_out is not None, "--cross-self-attention needs an encoder output"
         assert self_attn_padding_mask is not None, "the decoder passes the target padding mask"
-        enc_pad = encoder_padding_mask
-        if enc_pad is None:
-            enc_pad = self_attn_padding_mask.new_zeros(encoder_out.size(1), encoder_out.size(0))
-        self_attn_padding_mask = torch.cat((enc_pad.to(self_attn_padding_mask.dtype), self_attn_padding_mask), dim=1)
         buffer = self.self_attn._get_input_buffer(incremental_state)
-        if incremental_state is not None and "prev_key" in buffer:
+        cached = incremental_state is not None and "prev_key" in buffer
+        widened_mask, self_attn_padding_mask = cross_self_masks(
+            encoder_out, encoder_padding_mask, self_attn_mask, self_attn_padding_mask)
+        if cached:
             return x, self_attn_mask, self_attn_padding_mask  # the encoder part is cached
-        if self_attn_mask is not None:
-            self_attn_mask = torch.cat((x.new_zeros(x.size(0), encoder_out.size(0)), self_attn_mask), dim=1)
-        return torch.cat((encoder_out, x), dim=0), self_attn_mask, self_attn_padding_mask
+        return torch.cat((encoder_out, x), dim=0), widened_mask, self_attn_padding_mask
+
+
+def cross_self_masks(encoder_out: Tensor, encoder_padding_mask: Optional[Tensor], self_attn_mask: Optional[Tensor],
+                     self_attn_padding_mask: Tensor):
+    """``(attn_mask, key_padding_mask)`` of ``--cross-self-attention``'s keys
+    ``[encoder output; target]``: the target's masks widened over the encoder positions
+    (padded where the source is, never hidden by ``attn_mask``)."""
+    enc_pad = encoder_padding_mask
+    if enc_pad is None:
+        enc_pad = self_attn_padding_mask.new_zeros(encoder_out.size(1), encoder_out.size(0))
+    self_attn_padding_mask = torch.cat((enc_pad.to(self_attn_padding_mask.dtype), self_attn_padding_mask), dim=1)
+    if self_attn_mask is not None:
+        self_attn_mask = torch.cat((self_attn_mask.new_zeros(self_attn_mask.size(0), encoder_out.size(0)),
+                                    self_attn_mask), dim=1)
+    return self_attn_mask, self_attn_padding_mask
 
 
 def _restore_attn_state(attn_module, incremental_state, state: List[Tensor]):

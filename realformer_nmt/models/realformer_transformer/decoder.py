@@ -1,16 +1,17 @@
 """Transformer decoder whose layer loop carries the decoder self-attention and the
 encoder-decoder (cross) attention paths."""
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
+import torch
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
 from torch import Tensor
 
 from ... import residual_config
 from ...errors import ConfigError
 from ...modules.dropout_names import use_fairseq_dropout_names
-from ...modules.realformer_layer import RealFormerDecoderLayer, wrap_layer
-from ...modules.residual_attention import ResidualState
+from ...modules.realformer_layer import RealFormerDecoderLayer, cross_self_masks, wrap_layer
+from ...modules.residual_attention import MaskFacts, ResidualState
 
 
 class RealFormerTransformerDecoder(TransformerDecoderBase):
@@ -74,10 +75,9 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
             positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
 
         # Padding over every target position, cached steps included (taken before the
-        # tokens are cut to the current step); always given with --cross-self-attention.
-        self_attn_padding_mask: Optional[Tensor] = None
-        if self.cross_self_attention or prev_output_tokens.eq(self.padding_idx).any():
-            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
+        # tokens are cut to the current step); given when the target has padding, and
+        # always with --cross-self-attention.
+        target_padding = prev_output_tokens.eq(self.padding_idx)
 
         if incremental_state is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]
@@ -99,6 +99,10 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
         self_attn_mask: Optional[Tensor] = None
         if incremental_state is None and not full_context_alignment:
             self_attn_mask = self.buffered_future_mask(x)
+        self_facts, has_pads = self._self_mask_facts(target_padding, self_attn_mask, enc, padding_mask)
+        self_attn_padding_mask: Optional[Tensor] = None
+        if self.cross_self_attention or has_pads:
+            self_attn_padding_mask = target_padding
 
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
@@ -116,6 +120,7 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
                 need_head_weights=bool(idx == alignment_layer),
                 prev_self_state=self_state,
                 prev_cross_state=cross_state,
+                self_mask_facts=self_facts,
             )
             inner_states.append(x)
             if layer_attn is not None and idx == alignment_layer:
@@ -132,3 +137,22 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
         return x, {"attn": [attn], "inner_states": inner_states}
+
+    def _self_mask_facts(self, target_padding: Tensor, self_attn_mask: Optional[Tensor], enc: Optional[Tensor],
+                         encoder_padding_mask: Optional[Tensor]) -> Tuple[Optional[MaskFacts], bool]:
+        """``(facts, has_pads)``: the :class:`MaskFacts` of the decoder self path's masks,
+        which every layer's self-attention gets, and whether the target has padding.
+
+        Established once per forward, with the one host read fairseq's decoder makes
+        anyway (does the target have padding?): no layer then reads a mask value. None
+        (and fairseq's own read) where no kernel needs them: cached decoding and weights
+        (materialized), no self path, or under ``torch.compile`` (where the modules read
+        nothing either)."""
+        if (self_attn_mask is None or "decoder" not in self.residual.paths or torch.compiler.is_compiling()
+                or (self.cross_self_attention and enc is None)):
+            return None, self.cross_self_attention or bool(target_padding.any())
+        if self.cross_self_attention:  # the masks every layer widens over the encoder positions
+            attn_mask, padding = cross_self_masks(enc, encoder_padding_mask, self_attn_mask, target_padding)
+            return MaskFacts.of(padding, attn_mask), True
+        facts = MaskFacts.of(target_padding, self_attn_mask)
+        return facts, facts.shortest < target_padding.size(1)

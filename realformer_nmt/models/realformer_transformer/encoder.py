@@ -59,13 +59,12 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
 
         encoder_states = [x] if return_all_hiddens else []
+        # read once (fairseq reads has_pads at every layer); with padding alone the
+        # kernels need no other fact of the masks (MaskFacts)
+        layer_padding_mask = encoder_padding_mask if has_pads else None
         state: Optional[ResidualState] = None
         for layer in self.layers:
-            x, state = layer(
-                x,
-                encoder_padding_mask=encoder_padding_mask if has_pads else None,
-                prev_state=state,
-            )
+            x, state = layer(x, encoder_padding_mask=layer_padding_mask, prev_state=state)
             if return_all_hiddens:
                 encoder_states.append(x)
 

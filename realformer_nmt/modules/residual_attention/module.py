@@ -1,0 +1,161 @@
+"""``ResidualMultiheadAttention``: fairseq's ``MultiheadAttention`` that takes the previous
+layer's :class:`ResidualState` and returns its own, running the kernel chosen per call."""
+
+from typing import Dict, Optional, Tuple
+
+from fairseq.modules import MultiheadAttention
+from torch import Tensor
+
+from ..dropout_names import use_fairseq_dropout_names
+from . import choice, sdpa_probe
+from .bias import BiasKernel
+from .choice import KERNELS
+from .fused import FusedKernel
+from .masks import MaskFacts
+from .materialized import MaterializedKernel
+from .state import RESIDUAL_MODES, ResidualState, divisor
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, MultiheadAttention):
+    """fairseq ``MultiheadAttention`` that threads RealFormer's residual scores.
+
+    Parameters and incremental-state buffers are fairseq's own (``q_proj``,
+    ``k_proj``, ``v_proj``, ``out_proj``; ``prev_key``/``prev_value``), so vanilla
+    transformer checkpoints load unchanged.
+
+    Args (beyond fairseq's):
+        residual: this module is on a residual path: it adds the previous layer's
+            running sum and returns its own. Off, it is exactly fairseq's module (same
+            kernels, fused where fairseq fuses) and returns a ``None`` state.
+        mode: ``"sum"`` or ``"mean"`` (divide the sum by the number of layers in it
+            before the softmax; the undivided sum is still what is passed on).
+        kernel: ``"auto"``, ``"materialized"``, ``"fused"`` or ``"bias"`` (see the
+            package docstring); each kernel is a class of its own file, mixed in here.
+    """
+
+    def __init__(self, *args, residual: bool = False, mode: str = "sum", kernel: str = "auto", **kwargs):
+        super().__init__(*args, **kwargs)
+        if mode not in RESIDUAL_MODES:
+            raise ValueError(f"residual attention mode must be one of {RESIDUAL_MODES}, got {mode!r}")
+        if kernel not in KERNELS:
+            raise ValueError(f"residual attention kernel must be one of {KERNELS}, got {kernel!r}")
+        if residual and (self.bias_k is not None or self.add_zero_attn or self.use_xformers):
+            # These change the key set per layer, so scores would not line up across layers.
+            raise ValueError("residual attention does not support add_bias_kv, add_zero_attn or xformers")
+        self.residual = residual
+        self.mode = mode
+        self.kernel = kernel
+        # Analysis only (experiments/attention_analysis.py): with ``need_own_weights`` set, a
+        # call that returns weights (materialized) also leaves this layer's own probabilities
+        # softmax(mask(Q_n K_n^T / sqrt(d))), [H, B, T, S], in ``own_weights``.
+        self.need_own_weights = False
+        self.own_weights: Optional[Tensor] = None
+        use_fairseq_dropout_names(self, "MultiheadAttention")
+
+    def extra_repr(self) -> str:
+        if not self.residual:
+            return "residual=False"
+        return f"residual=True, mode={self.mode}, kernel={self.kernel}"
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        need_head_weights: bool = False,
+        prev_state: Optional[ResidualState] = None,
+        mask_facts: Optional[MaskFacts] = None,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[ResidualState]]:
+        """Input ``T x B x C`` as in fairseq; returns ``(output, weights, state)``.
+
+        Args:
+            key_padding_mask: ``[B, S]``, True at padded keys. It covers *all*
+                keys, cached ones included, also in incremental decoding.
+            attn_mask: additive ``[T, S]`` mask (e.g. the causal mask).
+            prev_state: the previous layer's :class:`ResidualState` on this path
+                (``None`` for the first layer). In cached decoding its scores are the
+                current step's rows only.
+            mask_facts: the :class:`MaskFacts` of ``key_padding_mask`` and ``attn_mask``,
+                established once per forward by whoever built them (the fused and bias
+                kernels branch on them); None: established here when a kernel needs them.
+
+        Returns:
+            output ``[T, B, C]``; weights as fairseq's (``[B, T, S]`` averaged over
+            heads, or ``[H, B, T, S]`` with ``need_head_weights``; ``None`` unless
+            requested); this layer's :class:`ResidualState` (``None`` when the module is
+            not on a residual path).
+        """
+        if not self.residual:
+            if prev_state is not None:
+                raise ValueError("prev_state given to an attention module that is not on a residual path")
+            if incremental_state is not None and key_padding_mask is not None and not static_kv:
+                # fairseq's cache wants only the new keys' mask; it appends the rest itself.
+                new_keys = query.size(0) if key is None or self.self_attention else key.size(0)
+                key_padding_mask = key_padding_mask[:, -new_keys:]
+            output, weights = super().forward(
+                query, key, value, key_padding_mask=key_padding_mask,
+                incremental_state=incremental_state, need_weights=need_weights,
+                static_kv=static_kv, attn_mask=attn_mask, need_head_weights=need_head_weights,
+            )
+            return output, weights, None
+        need_weights = need_weights or need_head_weights
+        kernel = self.kernel_for(query, key, incremental_state, need_weights, prev_state)
+        if kernel in ("fused", "bias"):
+            facts = mask_facts if mask_facts is not None else MaskFacts.of(key_padding_mask, attn_mask)
+            run = self._fused_forward if kernel == "fused" else self._bias_forward
+            return run(query, key, value, key_padding_mask, attn_mask, prev_state, facts)
+        return self._materialized_forward(
+            query, key, value, key_padding_mask, incremental_state,
+            need_weights, static_kv, attn_mask, need_head_weights, prev_state,
+        )
+
+    def kernel_for(self, query: Tensor, key: Optional[Tensor], incremental_state, need_weights: bool,
+                   prev_state: Optional[ResidualState]) -> str:
+        """The kernel this call runs (``materialized``, ``fused`` or ``bias``)."""
+        if incremental_state is not None or need_weights:
+            return "materialized"  # one row per step / weights wanted: T x S exists anyway
+        kernel = self.kernel
+        if kernel == "auto":
+            kernel = choice.auto_kernel(
+                device=query.device, training_dropout=self._dropout_p() > 0,
+                terms=(prev_state.terms if prev_state is not None else 0) + 1,
+            )
+        if kernel == "fused" and prev_state is not None and not prev_state.fused:
+            # a multiplied-out sum cannot be split into Q and K again
+            return "bias" if sdpa_probe.bias_has_fused_backend(query.device) else "materialized"
+        return kernel
+
+    def _dropout_p(self) -> float:
+        dropout = self.dropout_module
+        return dropout.p if (self.training or dropout.apply_during_inference) else 0.0
+
+    def _divisor(self, terms: int) -> float:
+        return divisor(self.mode, terms)
+
+    # shared by the kernels
+
+    def _project(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor]):
+        """fairseq's q/k/v projections for a full pass, as ``[B, H, T, d]`` tensors."""
+        q = self.q_proj(query) * self.scaling
+        if self.self_attention:
+            key = value = query
+        elif self.encoder_decoder_attention:
+            value = key
+        k, v = self.k_proj(key), self.v_proj(value)
+        return self._heads(q), self._heads(k), self._heads(v)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        length, bsz, _ = x.size()
+        return x.view(length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    def _project_out(self, attn: Tensor, tgt_len: int, bsz: int) -> Tensor:
+        """``[B, H, T, D]`` -> ``[T, B, H * D]`` -> ``out_proj``."""
+        attn = attn.reshape(bsz, self.num_heads, tgt_len, self.head_dim).permute(2, 0, 1, 3)
+        return self.out_proj(attn.reshape(tgt_len, bsz, self.embed_dim))
