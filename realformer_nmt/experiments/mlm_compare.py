@@ -106,7 +106,7 @@ class MLMRecipe:
             "--dropout", self.dropout, "--attention-dropout", self.attention_dropout,
             "--validate-interval-updates", self.validate_interval_updates,
             "--max-valid-steps", self.max_valid_steps, "--batch-size-valid", self.batch_size,
-            "--num-workers", 0, "--no-epoch-checkpoints", "--log-format", "simple",
+            "--num-workers", 0, "--no-epoch-checkpoints", "--log-format", "json",
             "--log-interval", self.log_interval,
         ]
         flags += ["--cpu"] if self.device == "cpu" else []
@@ -117,7 +117,7 @@ class MLMRecipe:
         # the checkpoint's own task and criterion settings are used; --task satisfies the parser
         flags = self.task_flags() + ["--valid-subset", "valid", "--batch-size", self.validate_batch_size,
                                      "--num-workers", 0,
-                 "--log-format", "simple", "--user-dir", USER_DIR]
+                 "--log-format", "json", "--user-dir", USER_DIR]
         flags += ["--cpu"] if self.device == "cpu" else []
         flags += ["--fp16"] if self.fp16 else []
         return [str(f) for f in flags]
