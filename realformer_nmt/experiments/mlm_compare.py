@@ -25,7 +25,7 @@ from ..errors import ConfigError, DataError
 from . import fairseq_runs
 from .translation.recipe import BACKBONES, USER_DIR
 from .translation.report import COLORS as _COLORS
-from .translation.report import SEED_PAIRED_NOTE, seed_paired_cell, spread
+from .translation.report import SEED_PAIRED_NOTE, seed_paired_cell, spread, write_outputs
 from .translation.report import fmt as _fmt
 from .translation.report import pyplot as _pyplot
 from .translation.report import seconds as _seconds
@@ -251,13 +251,7 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
         out=os.path.abspath(out),
     )
     results_path = results_path or os.path.join(out, "mlm_comparison.json")
-    os.makedirs(os.path.dirname(os.path.abspath(results_path)) or ".", exist_ok=True)
-    stem = os.path.splitext(results_path)[0]
-    portable = fairseq_runs.portable(fairseq_runs.finite_or_none(summary))
-    fairseq_runs.write_json(results_path, portable)
-    with open(stem + ".md", "w", encoding="utf-8") as f:
-        f.write(comparison_markdown(portable))
-    plot_comparison(portable, stem + ".png")
+    write_outputs(summary, results_path, comparison_markdown, plot_comparison)
     log(f"[compare-mlm] wrote {results_path} (+ .md, .png)")
     return summary
 
