@@ -83,12 +83,12 @@ def test_the_log_format_is_not_part_of_a_recipe():
     """Committed runs were logged in ``simple`` format; the harness now logs ``json``: the
     same run for resuming, reusing and importing."""
     committed = json.loads((REPO / "results" / "multi30k_en_de.json").read_text())["recipe"]["example_train_command"]
-    recorded = committed.split()
-    assert recorded[recorded.index("--log-format") + 1] == "simple"
-    now = [c if c != "simple" else "json" for c in recorded]
+    at = committed.split().index("--log-format") + 1
+    recorded, now = ([*committed.split()[:at], fmt, *committed.split()[at + 1:]] for fmt in ("simple", "json"))
     assert fairseq_runs.same_recipe(recorded, now)
     assert imports._normalized(recorded) == imports._normalized(now)
-    other = [c if c != "0.001" else "0.002" for c in now]  # --lr
+    lr = now.index("--lr") + 1
+    other = [*now[:lr], str(float(now[lr]) * 2), *now[lr + 1:]]
     assert not fairseq_runs.same_recipe(recorded, other)
     assert imports._normalized(recorded) != imports._normalized(other)
     # what the harness passes now
