@@ -4,7 +4,6 @@ fairseq-validate's own count, reuse of finished runs."""
 
 import json
 import math
-import re
 import subprocess
 import sys
 
@@ -31,10 +30,11 @@ def wikitext2(tmp_path_factory):
 
 
 def validate_summary(log_text):
-    """The numbers of fairseq-validate's summary line (``valid on 'valid' subset | loss 7.9 | ...``)."""
-    lines = [line for line in log_text.splitlines() if "valid on 'valid' subset |" in line]
+    """The numbers of fairseq-validate's summary line, logged with ``--log-format json``
+    (``| INFO | valid | {"valid_loss": "7.9", ...}``)."""
+    lines = [line for line in log_text.splitlines() if "| INFO | valid | {" in line]
     assert len(lines) == 1, lines
-    return {k: float(v) for k, v in re.findall(r"\| (\w+) ([-\d.e]+)(?= \||$)", lines[0])}
+    return {k[len("valid_"):]: float(v) for k, v in json.loads(lines[0].split(" | ", 3)[3]).items()}
 
 
 def whole_validation_set(data, tokens_per_sample):

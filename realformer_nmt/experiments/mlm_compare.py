@@ -25,11 +25,11 @@ from ..errors import ConfigError, DataError
 from . import fairseq_runs
 from .translation.recipe import BACKBONES, USER_DIR
 from .translation.report import COLORS as _COLORS
-from .translation.report import SEED_PAIRED_NOTE, seed_paired_cell, spread
+from .translation.report import SEED_PAIRED_NOTE, seed_paired_cell, spread, write_outputs
 from .translation.report import fmt as _fmt
 from .translation.report import pyplot as _pyplot
 from .translation.report import seconds as _seconds
-from .translation.runs import machine_description, parallel_note
+from .translation.runs import join_notes, machine_description, parallel_note
 from .translation.stats import add_seed_paired
 
 BACKBONE_DESCRIPTIONS = {
@@ -106,7 +106,7 @@ class MLMRecipe:
             "--dropout", self.dropout, "--attention-dropout", self.attention_dropout,
             "--validate-interval-updates", self.validate_interval_updates,
             "--max-valid-steps", self.max_valid_steps, "--batch-size-valid", self.batch_size,
-            "--num-workers", 0, "--no-epoch-checkpoints", "--log-format", "simple",
+            "--num-workers", 0, "--no-epoch-checkpoints", "--log-format", "json",
             "--log-interval", self.log_interval,
         ]
         flags += ["--cpu"] if self.device == "cpu" else []
@@ -117,7 +117,7 @@ class MLMRecipe:
         # the checkpoint's own task and criterion settings are used; --task satisfies the parser
         flags = self.task_flags() + ["--valid-subset", "valid", "--batch-size", self.validate_batch_size,
                                      "--num-workers", 0,
-                 "--log-format", "simple", "--user-dir", USER_DIR]
+                 "--log-format", "json", "--user-dir", USER_DIR]
         flags += ["--cpu"] if self.device == "cpu" else []
         flags += ["--fp16"] if self.fp16 else []
         return [str(f) for f in flags]
@@ -206,62 +206,6 @@ def summarize_backbone(results, backbone, residual_mode):
     }
 
 
-def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="sum", results_path=None,
-            machine_note="", threads=None, log=print, title="WikiText-2 masked LM", jobs=1):
-    """Train every backbone for every seed (``jobs`` at a time), evaluate, write JSON, MD
-    and PNG; return the summary."""
-    check_data(data)
-    if not backbones or len(set(backbones)) != len(backbones):
-        raise ConfigError("--backbones: give each backbone once")
-    for b in backbones:
-        backbone_flags(b)
-    env = fairseq_runs.cli_env(fairseq_runs.threads_per_job(threads, jobs))
-    log = fairseq_runs.serialized(log)
-    total, done = len(backbones) * len(seeds), []
-
-    def task(backbone, seed):
-        def run():
-            result = run_one(data, backbone, recipe, seed, os.path.join(out, backbone, f"seed{seed}"),
-                             residual_mode, env, log)
-            done.append(1)
-            log(f"[compare-mlm] finished {len(done)}/{total}: {backbone} seed {seed}")
-            return result
-        return run
-
-    runs = fairseq_runs.run_parallel([((b, seed), task(b, seed)) for seed in seeds for b in backbones], jobs, log)
-    results = {b: [runs[(b, seed)] for seed in seeds] for b in backbones}
-    summary = {b: summarize_backbone(results[b], b, residual_mode) for b in backbones}
-    add_seed_paired(summary, metric="mlm_accuracy_per_seed")
-    example = train_command(data, backbones[0], recipe, seeds[0], "<run_dir>", residual_mode)
-    summary.update(
-        title=title,
-        recipe={
-            "settings": asdict(recipe),
-            "shared_train_flags": recipe.train_flags(),
-            "backbone_flags": {b: backbone_flags(b, residual_mode) for b in backbones},
-            "validate_flags": recipe.validate_flags(),
-            "example_train_command": fairseq_runs.quote(example),
-            "seeds": list(seeds),
-            "data": os.path.abspath(data),
-            "evaluation": "MLM accuracy (% of masked positions whose top prediction is the original token) "
-                          "of the best checkpoint (by the loss on the fixed validation subset) on the whole "
-                          "validation set, fairseq-validate; curves: the fixed subset during training",
-        },
-        machine=machine_description("; ".join(n for n in (parallel_note(jobs, threads), machine_note) if n)),
-        out=os.path.abspath(out),
-    )
-    results_path = results_path or os.path.join(out, "mlm_comparison.json")
-    os.makedirs(os.path.dirname(os.path.abspath(results_path)) or ".", exist_ok=True)
-    stem = os.path.splitext(results_path)[0]
-    portable = fairseq_runs.portable(fairseq_runs.finite_or_none(summary))
-    fairseq_runs.write_json(results_path, portable)
-    with open(stem + ".md", "w", encoding="utf-8") as f:
-        f.write(comparison_markdown(portable))
-    plot_comparison(portable, stem + ".png")
-    log(f"[compare-mlm] wrote {results_path} (+ .md, .png)")
-    return summary
-
-
 def comparison_markdown(summary):
     backbones = [b for b in BACKBONES if b in summary]
     n_seeds = len(summary[backbones[0]]["seeds"])
@@ -321,3 +265,53 @@ def plot_comparison(summary, path):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="sum", results_path=None,
+            machine_note="", threads=None, log=print, title="WikiText-2 masked LM", jobs=1):
+    """Train every backbone for every seed (``jobs`` at a time), evaluate, write JSON, MD
+    and PNG; return the summary."""
+    check_data(data)
+    results_path = results_path or os.path.join(out, "mlm_comparison.json")
+    if not backbones or len(set(backbones)) != len(backbones):
+        raise ConfigError("--backbones: give each backbone once")
+    for b in backbones:
+        backbone_flags(b)
+    env = fairseq_runs.cli_env(fairseq_runs.threads_per_job(threads, jobs))
+    log = fairseq_runs.serialized(log)
+    total, done = len(backbones) * len(seeds), []
+
+    def task(backbone, seed):
+        def run():
+            result = run_one(data, backbone, recipe, seed, os.path.join(out, backbone, f"seed{seed}"),
+                             residual_mode, env, log)
+            done.append(1)
+            log(f"[compare-mlm] finished {len(done)}/{total}: {backbone} seed {seed}")
+            return result
+        return run
+
+    runs = fairseq_runs.run_parallel([((b, seed), task(b, seed)) for seed in seeds for b in backbones], jobs, log)
+    results = {b: [runs[(b, seed)] for seed in seeds] for b in backbones}
+    summary = {b: summarize_backbone(results[b], b, residual_mode) for b in backbones}
+    add_seed_paired(summary, metric="mlm_accuracy_per_seed")
+    example = train_command(data, backbones[0], recipe, seeds[0], "<run_dir>", residual_mode)
+    summary.update(
+        title=title,
+        recipe={
+            "settings": asdict(recipe),
+            "shared_train_flags": recipe.train_flags(),
+            "backbone_flags": {b: backbone_flags(b, residual_mode) for b in backbones},
+            "validate_flags": recipe.validate_flags(),
+            "example_train_command": fairseq_runs.quote(example),
+            "seeds": list(seeds),
+            "data": os.path.abspath(data),
+            "evaluation": "MLM accuracy (% of masked positions whose top prediction is the original token) "
+                          "of the best checkpoint (by the loss on the fixed validation subset) on the whole "
+                          "validation set, fairseq-validate; curves: the fixed subset during training",
+        },
+        machine=machine_description(join_notes(parallel_note(jobs, threads), machine_note)),
+        out=os.path.abspath(out),
+    )
+    write_outputs(summary, results_path, comparison_markdown, plot_comparison)
+    log(f"[compare-mlm] wrote {results_path} (+ .md, .png)")
+    return summary

@@ -30,7 +30,8 @@ STUDIES = ("compare", "depth", "stability")
 
 def _normalized(cmd):
     """A fairseq command as compared here: tool name without its folder, the data dir's name,
-    no ``--save-dir`` or ``--user-dir`` values."""
+    no ``--save-dir`` value nor those ``fairseq_runs.NOT_RECIPE`` leaves out (``--user-dir``,
+    ``--log-format``: the committed runs were logged in ``simple`` format)."""
     cmd = [str(c) for c in cmd]
     out = [os.path.basename(cmd[0]), os.path.basename(os.path.normpath(cmd[1]))] if len(cmd) > 1 else list(cmd)
     skip = False
@@ -38,7 +39,7 @@ def _normalized(cmd):
         if skip:
             skip = False
             continue
-        if c in ("--save-dir", "--user-dir"):
+        if c == "--save-dir" or c in fairseq_runs.NOT_RECIPE:
             skip = True
             continue
         out.append(c)

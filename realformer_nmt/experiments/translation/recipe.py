@@ -123,7 +123,7 @@ class Recipe:
             "--dropout", self.dropout, "--weight-decay", self.weight_decay,
             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", self.label_smoothing,
             "--max-tokens", self.max_tokens, "--max-update", max(self.max_update, 0),
-            "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", self.log_interval,
+            "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", self.log_interval,
         ]
         if self.max_minutes > 0:
             flags += ["--stop-time-hours", self.max_minutes / 60]
