@@ -10,7 +10,8 @@ Fix: ``options.add_model_args`` is wrapped (fairseq-train builds its parser afte
 ``--user-dir`` loaded the plugin) so that ``--arch``'s choices are :class:`ArchChoices`:
 the same registered names, whose membership test raises a
 :class:`~realformer_nmt.errors.FlagValueError` (printed as one line, exit status 1) for a
-name that is not registered, with up to three close matches (``difflib``). A registered
+name that is not registered, with up to three close matches (``difflib``; a few common
+names when none is close). A registered
 name passes exactly as before (argparse stores the string), and ``--help`` is unchanged
 (``--arch`` shows its metavar ``ARCH``). Without ``--user-dir`` the plugin is not loaded
 and fairseq prints its own usage.
@@ -28,6 +29,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from ..errors import FlagValueError
 
 _FIXED = "__realformer_fixed__"
+EXAMPLES = ("transformer", "roberta", "realformer_transformer", "realformer_bert")  # named when nothing is close
 
 
 class ArchChoices:
@@ -43,10 +45,10 @@ class ArchChoices:
         if name in ARCH_MODEL_REGISTRY:
             return True
         close = difflib.get_close_matches(str(name), list(ARCH_MODEL_REGISTRY), n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(close)}?" if close else "no registered name is close"
-        raise FlagValueError(f"--arch {name!r} is not a registered architecture: {hint} "
-                             "(--user-dir realformer_nmt registers realformer_transformer and realformer_bert; "
-                             "the full list: fairseq-train --help)")
+        examples = [a for a in EXAMPLES if a in ARCH_MODEL_REGISTRY]
+        hint = (f"did you mean {', '.join(close)}?" if close else
+                f"none of the {len(ARCH_MODEL_REGISTRY)} registered names is close (e.g. {', '.join(examples)})")
+        raise FlagValueError(f"--arch {name!r} is not a registered architecture: {hint}")
 
 
 def arch_choices_with_suggestions(add_model_args):
