@@ -138,4 +138,5 @@ def test_importing_the_plugin_leaves_root_logging_alone():
     proc = subprocess.run([sys.executable, "-c", configured], capture_output=True, text=True, timeout=300,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.stdout.strip().splitlines()[-1] == "1 INFO", proc.stdout
-    assert "Please install tensorboardX" in proc.stdout  # fairseq's own INFO line, kept when asked for
+    # fairseq's import-time "Please install tensorboardX" (a speech task's INFO line) is dropped (issue 38)
+    assert "Please install tensorboardX" not in proc.stdout + proc.stderr
