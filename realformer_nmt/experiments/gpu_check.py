@@ -271,8 +271,10 @@ class GpuCheck:
 
     def env(self, threads=None):
         # checkpoint loading stays weights-only under any environment: the plugin's
-        # safe_checkpoint_loading patch refuses a full unpickle itself
-        return fairseq_runs.cli_env(threads or max(1, (os.cpu_count() or 1) // self.jobs))
+        # safe_checkpoint_loading patch refuses a full unpickle itself; the data fixes on, so that
+        # fairseq-generate decodes every test sentence (each run is checked for all of them)
+        return realformer_nmt.fairseq_patches.with_data_fixes(
+            fairseq_runs.cli_env(threads or max(1, (os.cpu_count() or 1) // self.jobs)))
 
     # ------------------------------------------------------------------------------
     # tests

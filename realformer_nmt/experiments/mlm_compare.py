@@ -22,6 +22,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from ..errors import ConfigError, DataError
+from ..fairseq_patches import SWITCH, with_data_fixes
 from . import fairseq_runs
 from .translation.recipe import BACKBONES, USER_DIR
 from .translation.report import COLORS as _COLORS
@@ -277,7 +278,8 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
         raise ConfigError("--backbones: give each backbone once")
     for b in backbones:
         backbone_flags(b)
-    env = fairseq_runs.cli_env(fairseq_runs.threads_per_job(threads, jobs))
+    # every backbone with the plugin's data fixes on (masks redrawn each epoch with workers)
+    env = with_data_fixes(fairseq_runs.cli_env(fairseq_runs.threads_per_job(threads, jobs)))
     log = fairseq_runs.serialized(log)
     total, done = len(backbones) * len(seeds), []
 
@@ -303,6 +305,7 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
             "backbone_flags": {b: backbone_flags(b, residual_mode) for b in backbones},
             "validate_flags": recipe.validate_flags(),
             "example_train_command": fairseq_runs.quote(example),
+            "environment": {SWITCH: "1"},
             "seeds": list(seeds),
             "data": os.path.abspath(data),
             "evaluation": "MLM accuracy (% of masked positions whose top prediction is the original token) "

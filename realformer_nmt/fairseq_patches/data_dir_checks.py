@@ -1,23 +1,42 @@
-"""One clear sentence, naming the path, when a translation data directory cannot be used.
+"""One clear sentence, naming the path, when a data directory or one of its binaries
+cannot be used.
 
-Bug (fairseq 0.12): ``TranslationTask.setup_task`` on a missing directory, or on one
-without ``dict.<lang>.txt``, fails deep inside with a traceback (``FileNotFoundError``
-from ``Dictionary.load`` or "Could not infer language pair").
+Bugs (fairseq 0.12):
 
-Fix: ``setup_task`` first checks the first data path and raises ``ConfigError``, which
-the CLIs print as one line naming the path and the file.
+1. ``TranslationTask.setup_task`` on a missing directory, or on one without
+   ``dict.<lang>.txt``, fails deep inside with a traceback (``FileNotFoundError`` from
+   ``Dictionary.load`` or "Could not infer language pair").
+2. A truncated ``.bin`` (a copy cut short, a full disk during fairseq-preprocess) is
+   memory-mapped as it is: training starts, and the first batch that reaches past its end
+   dies in a 135-line traceback ("buffer is smaller than requested size") naming no file.
+
+Fixes: ``setup_task`` first checks the first data path, and every indexed dataset fairseq
+opens (``indexed_dataset.make_dataset``, through which ``load_indexed_dataset`` opens each
+split of every task) first has its ``.bin`` checked against the size its ``.idx``
+expects (:func:`check_binary`); both raise an error the CLIs print as one line naming
+the file. ``train_preflight`` runs the same checks before fairseq-train creates --save-dir.
 
 When it is no longer needed: ``fairseq-train /nonexistent --task translation ...``
-prints one line naming the path with the patch uninstalled.
+prints one line naming the path with the patch uninstalled, and so does a training run
+on a data dir whose ``train.*.bin`` lost its last bytes.
 """
 
 import glob
 import os
+import re
+import struct
 
+import numpy as np
 from fairseq import utils
+from fairseq.data import indexed_dataset
 from fairseq.tasks.translation import TranslationTask
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
+
+_FIXED = "__realformer_fixed__"
+_MMAP_MAGIC = indexed_dataset.MMapIndexedDataset.Index._HDR_MAGIC  # fairseq-preprocess's default format
+_LEGACY_MAGIC = indexed_dataset.IndexedDataset._HDR_MAGIC  # --dataset-impl lazy / cached
+_MMAP_HEADER = struct.Struct("<9sQBQ")  # magic, version, dtype code, number of items
 
 
 def check_translation_data(cfg):
@@ -38,7 +57,68 @@ def check_translation_data(cfg):
         )
 
 
+def expected_binary_size(prefix):
+    """The size in bytes that ``<prefix>.bin`` must have for the index ``<prefix>.idx``
+    (None for a format this does not know); a truncated index is a DataError."""
+    idx = prefix + ".idx"
+    with open(idx, "rb") as f:
+        head = f.read(_MMAP_HEADER.size)
+    if head.startswith(_MMAP_MAGIC) and len(head) == _MMAP_HEADER.size:
+        _, _, code, n = _MMAP_HEADER.unpack(head)
+        if os.path.getsize(idx) < _MMAP_HEADER.size + 12 * n:  # int32 sizes, then int64 pointers
+            raise DataError(f"{idx} is truncated: it is shorter than the {n} entries its header announces "
+                            "(binarize the corpus again)")
+        if n == 0:
+            return 0
+        itemsize = np.dtype(indexed_dataset._code_to_dtype[code]).itemsize
+        last_size = np.fromfile(idx, dtype=np.int32, count=1, offset=_MMAP_HEADER.size + 4 * (n - 1))[0]
+        last_pointer = np.fromfile(idx, dtype=np.int64, count=1, offset=_MMAP_HEADER.size + 4 * n + 8 * (n - 1))[0]
+        return int(last_pointer) + int(last_size) * itemsize
+    if head.startswith(_LEGACY_MAGIC):
+        try:
+            dataset = indexed_dataset.IndexedDataset(prefix)  # reads the index
+        except (ValueError, AssertionError, struct.error) as exc:
+            raise DataError(f"{idx} is truncated or corrupt (binarize the corpus again)") from exc
+        return int(dataset.data_offsets[-1]) * dataset.element_size
+    return None
+
+
+def check_binary(prefix):
+    """Raise DataError naming ``<prefix>.bin`` when it is shorter than its ``.idx`` expects."""
+    expected = expected_binary_size(prefix)
+    actual = os.path.getsize(prefix + ".bin")
+    if expected is not None and actual < expected:
+        raise DataError(f"{prefix}.bin is truncated: {actual} bytes where {prefix}.idx expects {expected} "
+                        "(copy or binarize the corpus again)")
+
+
+def check_split_binaries(data, splits):
+    """:func:`check_binary` for every ``.idx``/``.bin`` pair of ``splits`` (``train``,
+    ``valid``, ...; epoch shards ``train1`` ... included) in each local path of ``data``."""
+    wanted = re.compile(r"(?:%s)\d*" % "|".join(re.escape(s) for s in splits))
+    for path in utils.split_paths(data):
+        if "://" in path or not os.path.isdir(path):
+            continue
+        for idx in sorted(glob.glob(os.path.join(path, "*.idx"))):
+            prefix = idx[: -len(".idx")]
+            if wanted.fullmatch(os.path.basename(idx).split(".")[0]) and os.path.isfile(prefix + ".bin"):
+                check_binary(prefix)
+
+
+def checked_make_dataset(make_dataset):
+    def wrapper(path, impl, *args, **kwargs):
+        if impl in ("mmap", "lazy", "cached") and os.path.isfile(path + ".idx") and os.path.isfile(path + ".bin"):
+            check_binary(path)
+        return make_dataset(path, impl, *args, **kwargs)
+
+    wrapper.__wrapped__ = make_dataset
+    setattr(wrapper, _FIXED, True)
+    return wrapper
+
+
 def install():
+    if not getattr(indexed_dataset.make_dataset, _FIXED, False):
+        indexed_dataset.make_dataset = checked_make_dataset(indexed_dataset.make_dataset)
     setup_task = TranslationTask.__dict__["setup_task"].__func__
     if getattr(setup_task, "_checks_data", False):
         return

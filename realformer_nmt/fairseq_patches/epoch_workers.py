@@ -17,7 +17,8 @@ dataset's items depend on the epoch, that loader's workers are shut down and the
 dropped, so fairseq builds a new one whose workers start from the dataset of the new epoch
 (what it does when the loader is not reused). Validation iterators
 (``set_dataset_epoch=False``: the same masks at every validation, by design) keep their
-loader.
+loader. It changes what is trained, so it is installed only with
+``REALFORMER_NMT_DATA_FIXES=1`` (``fairseq_patches``).
 
 Items depend on the epoch where the dataset, or a dataset it wraps (found by walking its
 attributes once per iterator), is one of :data:`EPOCH_DEPENDENT` (fairseq's dynamic

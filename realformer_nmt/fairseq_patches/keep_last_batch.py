@@ -7,7 +7,8 @@ with the default 8). ``fairseq-generate`` then leaves test sentences untranslate
 without a word and sacreBLEU is scored on the rest; training loses the same sentences
 every epoch.
 
-Fix: the remainder is appended as a final, smaller batch.
+Fix: the remainder is appended as a final, smaller batch. It changes what is trained and
+scored, so it is installed only with ``REALFORMER_NMT_DATA_FIXES=1`` (``fairseq_patches``).
 
 When it is no longer needed: ``fairseq-generate --batch-size 8`` on a test set of 13
 sentences prints 13 hypotheses with the patch uninstalled

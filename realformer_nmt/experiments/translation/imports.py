@@ -10,7 +10,9 @@ flags, the same data dir name and the same backbone flags), each of its runs tha
 folder does not hold yet is written there as ``result.json`` (``imported_from`` names the
 file), with its hypotheses as ``hypotheses.txt``. The study then counts it as finished: it is
 reported, tested against the new runs of the same seed, and not trained again. A different
-recipe is refused, naming the first flag that differs.
+recipe is refused, naming the first flag that differs, and so is a file whose recipe records
+``REALFORMER_NMT_DATA_FIXES`` off (``recipe.check_environment``; a file that records no
+environment predates the switch, when the fixes were always on, and counts as on).
 
 This is sound only because fairseq's CPU training is reproducible: the same command gives
 the same validation losses (docs/results.md records the check for the committed files).
@@ -22,7 +24,7 @@ from dataclasses import replace
 
 from ...errors import ConfigError, DataError
 from .. import fairseq_runs
-from .recipe import VARIANTS, backbone_flags, corpus_info, train_command
+from .recipe import ENVIRONMENT, VARIANTS, backbone_flags, check_environment, corpus_info, train_command
 from .stability import run_dir as grid_run_dir
 
 STUDIES = ("compare", "depth", "stability")
@@ -65,6 +67,7 @@ def _check_recipe(path, summary, data, recipe, residual_mode, depth):
     if not example:
         raise DataError(f"--import-results {path}: it records no example_train_command (not a results file of "
                         "the main comparison, the depth stress test or the stability grid)")
+    check_environment(record, f"--import-results {path}")
     recorded = shlex.split(example)
     backbones = [b for b in record.get("backbone_flags", {})]
     if not backbones or backbones[0] not in VARIANTS:
@@ -163,6 +166,7 @@ def run_records(path, data, out, recipe, residual_mode="sum", study="compare", d
                 checkpoint=entry["checkpoints"][i], log=entry["logs"][i],
                 command=train_command(data, b, run_recipe, seed, run_dir, residual_mode, lr),
                 imported_from=sources[i] or path,  # where the run was first recorded
+                environment=dict(ENVIRONMENT),  # checked against the file's recipe above
             )
             hyps_path = os.path.join(hyps_dir, f"{b}_seed{seed}.txt")
             hyps = None

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 from ...errors import ConfigError, DataError
+from ...fairseq_patches import SWITCH as DATA_FIXES_SWITCH
 from .. import fairseq_runs
 
 BACKBONES = ("postln", "preln", "realformer")  # the main comparison's default set
@@ -34,6 +35,23 @@ BACKBONE_DESCRIPTIONS = {
     "realformer_decoder": "`realformer_transformer`, residual attention on the decoder self-attention only",
     "realformer_cross": "`realformer_transformer`, residual attention on the encoder-decoder attention only",
 }
+
+
+# The environment every run of a study has (fairseq-train and fairseq-generate alike), recorded
+# in each results JSON: the plugin's data fixes on for every backbone (every sentence batched;
+# fairseq alone drops up to 7 per batching), as the committed results were trained.
+ENVIRONMENT = {DATA_FIXES_SWITCH: "1"}
+
+
+def check_environment(record, where):
+    """Refuse a record (a results file's recipe, a run's result) trained with another
+    environment than :data:`ENVIRONMENT`; one that records none predates the switch, when
+    the fixes were always on, and counts as on."""
+    recorded = dict(ENVIRONMENT, **(record.get("environment") or {}))
+    if recorded != ENVIRONMENT:
+        raise ConfigError(f"{where}: its runs were trained with {DATA_FIXES_SWITCH}="
+                          f"{recorded.get(DATA_FIXES_SWITCH)!r} where this harness trains every backbone with "
+                          f"{DATA_FIXES_SWITCH}=1: the two cannot be mixed")
 
 
 # layers (encoder = decoder), embedding dim, FFN dim, heads

@@ -14,8 +14,9 @@ import platform
 from dataclasses import asdict
 
 from ...errors import ConfigError
+from ...fairseq_patches import with_data_fixes
 from .. import fairseq_runs
-from .recipe import backbone_flags, corpus_info, train_command
+from .recipe import ENVIRONMENT, backbone_flags, check_environment, corpus_info, train_command
 from .report import fmt
 
 
@@ -26,8 +27,10 @@ def run_one(data, references, backbone, recipe, seed, run_dir, residual_mode="su
     The result (``run_dir/result.json``) holds the training record of
     ``fairseq_runs.train_resumable`` plus ``bleu``, ``best_valid_loss``, ``sacrebleu``,
     ``signature``, ``train_seconds``, ``decode_seconds`` and ``checkpoint``. A diverged run is
-    not decoded (its ``bleu`` is None).
+    not decoded (its ``bleu`` is None). Training and decoding run with the data fixes on
+    (``recipe.ENVIRONMENT``, recorded as ``environment``).
     """
+    env = with_data_fixes(env or fairseq_runs.cli_env())
     label = f"[{backbone} seed {seed}{'' if lr is None else f' lr {lr:g}'}] "
     done = finished_run(data, backbone, recipe, seed, run_dir, residual_mode, lr)
     if done is not None:
@@ -42,7 +45,7 @@ def run_one(data, references, backbone, recipe, seed, run_dir, residual_mode="su
                   best_valid_loss=min(rec["loss"] for rec in finite) if finite else None,
                   final_valid_loss=train["curve"][-1]["loss"] if train["curve"] else None,
                   bleu=None, sacrebleu=None, signature=None, decode_seconds=None,
-                  checkpoint=os.path.abspath(checkpoint))
+                  checkpoint=os.path.abspath(checkpoint), environment=dict(ENVIRONMENT))
     if recipe.select_by_bleu:
         bleus = [rec["bleu"] for rec in train["curve"] if "bleu" in rec]
         result["best_valid_bleu"] = max(bleus) if bleus else None
@@ -67,6 +70,7 @@ def finished_run(data, backbone, recipe, seed, run_dir, residual_mode="sum", lr=
     done = fairseq_runs.read_json(os.path.join(run_dir, "result.json"))
     cmd = train_command(data, backbone, recipe, seed, run_dir, residual_mode, lr)
     if done is not None and fairseq_runs.same_recipe(done.get("command"), cmd):
+        check_environment(done, os.path.join(run_dir, "result.json"))
         return dict(done, run_dir=run_dir)
     return None
 
@@ -118,6 +122,7 @@ def recipe_record(recipe, data, references, backbones, residual_mode, seeds):
         "generate_flags": recipe.generate_flags(corpus_info(data)),
         "corpus": {k: v for k, v in corpus_info(data).items() if k not in ("references", "title")},
         "example_train_command": fairseq_runs.quote(example),
+        "environment": dict(ENVIRONMENT),
         "seeds": list(seeds),
         "data": os.path.abspath(data),
         "references": os.path.abspath(references),
