@@ -127,6 +127,9 @@ def test_exported_folder_is_standard_and_its_code_needs_only_torch_and_transform
             f"folder = {str(folder)!r}\n"
             "tok = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)\n"
             "enc = tok(['the cat sat .', 'the king died .'], padding=True, return_tensors='pt')\n"
+            # the tokenizer is no remote code: its own class loads it without trust_remote_code
+            "plain = transformers.PreTrainedTokenizerFast.from_pretrained(folder)\n"
+            "assert plain(['the cat sat .'])['input_ids'] == tok(['the cat sat .'])['input_ids']\n"
             f"for name in {AUTO_CLASSES!r}:\n"
             "    m = getattr(transformers, name).from_pretrained(folder, trust_remote_code=True).eval()\n"
             "    x = {k: v.unsqueeze(1) for k, v in enc.items()} if 'Multiple' in name else enc\n"
