@@ -409,7 +409,7 @@ def test_resize_token_embeddings_resizes_the_output_bias_and_keeps_old_logits(go
         after = model(ids, mask, types).logits
     assert after.shape[-1] == vocab + 5
     torch.testing.assert_close(after[..., :vocab], before, atol=1e-5, rtol=0)
-    new_ids = ids.masked_fill(ids.eq(5), vocab + 4)  # a new token in the input trains
+    new_ids = ids.long().masked_fill(ids.eq(5), vocab + 4)  # a new token in the input trains
     model.train()
     model(new_ids, mask, types, labels=new_ids).loss.backward()
     assert model.realformer.embeddings.word_embeddings.weight.grad[vocab + 4].abs().sum() > 0
