@@ -11,6 +11,7 @@ import ast
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -23,7 +24,7 @@ if os.environ.get("CI"):  # CI installs the test extra, which includes transform
 else:
     transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[hf]')")
 
-from bert_helpers import prepared_wikitext2  # noqa: E402
+from bert_helpers import WIKITEXT2, prepared_wikitext2  # noqa: E402
 from conftest import REPO, cli_env, trains  # noqa: E402
 from fairseq.data.encoders.sentencepiece_bpe import SentencepieceBPE, SentencepieceConfig  # noqa: E402
 from test_google_checkpoint import (  # noqa: E402
@@ -46,6 +47,7 @@ from transformers import (  # noqa: E402
 
 from realformer_nmt.data.wordpiece import WordPieceTokenizer  # noqa: E402
 from realformer_nmt.models.realformer_bert import google_checkpoint as gc  # noqa: E402
+from realformer_nmt.models.realformer_bert import hf as hf_files  # noqa: E402
 from realformer_nmt.models.realformer_bert import hf_export  # noqa: E402
 
 ATOL = 1e-5
@@ -88,28 +90,57 @@ def hf_outputs(folder, ids, mask, types):
             heads.prediction_logits.double(), heads.seq_relationship_logits.double())
 
 
+AUTO_CLASSES = ("AutoModel", "AutoModelForMaskedLM", "AutoModelForPreTraining", "AutoModelForNextSentencePrediction",
+                "AutoModelForSequenceClassification", "AutoModelForMultipleChoice",
+                "AutoModelForTokenClassification", "AutoModelForQuestionAnswering")
+
+
+def isolated(code, folder):
+    """Run ``code`` in a process where fairseq and this package cannot be imported, from a
+    folder outside the checkout, stdin closed (an interactive prompt would read EOF)."""
+    code = "import sys; sys.modules['fairseq'] = None; sys.modules['realformer_nmt'] = None\n" + code
+    env = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=folder.parent, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Do you wish to run the custom code" not in proc.stdout + proc.stderr
+    return proc.stdout.strip().splitlines()
+
+
 def test_exported_folder_is_standard_and_its_code_needs_only_torch_and_transformers(google):
     _, folder = google["sum"]
     names = set(os.listdir(folder))
     assert {"config.json", "model.safetensors", "configuration_realformer.py", "modeling_realformer.py",
-            "tokenizer.json", "tokenizer_config.json", "vocab.txt"} <= names
+            "modeling_realformer_encoder.py", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+            "README.md", "export.json"} <= names
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "realformer" and config["residual_attention_mode"] == "sum"
     assert config["auto_map"]["AutoModelForMaskedLM"] == "modeling_realformer.RealFormerForMaskedLM"
-    for name in ("configuration_realformer.py", "modeling_realformer.py"):
+    assert set(AUTO_CLASSES) < set(config["auto_map"])
+    for name in hf_files.FILES:
         tree = ast.parse((folder / name).read_text())
         roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
         assert roots <= {"torch", "transformers", "dataclasses", "typing"}, (name, roots)
-    # loads with fairseq and this package unimportable, from a folder outside the checkout
-    code = ("import sys; sys.modules['fairseq'] = None; sys.modules['realformer_nmt'] = None\n"
-            "from transformers import AutoModelForMaskedLM\n"
-            f"m = AutoModelForMaskedLM.from_pretrained({str(folder)!r}, trust_remote_code=True)\n"
-            "print(type(m).__name__)")
-    env = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=folder.parent)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "RealFormerForMaskedLM"
+    # every head, the tokenizer and a forward pass with fairseq and this package unimportable
+    code = ("import torch, transformers\n"
+            f"folder = {str(folder)!r}\n"
+            "tok = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)\n"
+            "enc = tok(['the cat sat .', 'the king died .'], padding=True, return_tensors='pt')\n"
+            # the tokenizer is no remote code: its own class loads it without trust_remote_code
+            "plain = transformers.PreTrainedTokenizerFast.from_pretrained(folder)\n"
+            "assert plain(['the cat sat .'])['input_ids'] == tok(['the cat sat .'])['input_ids']\n"
+            f"for name in {AUTO_CLASSES!r}:\n"
+            "    m = getattr(transformers, name).from_pretrained(folder, trust_remote_code=True).eval()\n"
+            "    x = {k: v.unsqueeze(1) for k, v in enc.items()} if 'Multiple' in name else enc\n"
+            "    out = m(**x)\n"
+            "    print(type(m).__name__, type(tok).__name__)\n")
+    lines = isolated(code, folder)
+    assert [line.split()[0] for line in lines[-len(AUTO_CLASSES):]] == [
+        "RealFormerModel", "RealFormerForMaskedLM", "RealFormerForPreTraining", "RealFormerForNextSentencePrediction",
+        "RealFormerForSequenceClassification", "RealFormerForMultipleChoice", "RealFormerForTokenClassification",
+        "RealFormerForQuestionAnswering"]
+    assert lines[-1].split()[1] == "BertTokenizer"
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean"])
@@ -262,6 +293,159 @@ def test_sequence_classification_fine_tunes_saves_and_reloads(google, tmp_path):
 
 
 # --------------------------------------------------------------------------------------
+# the heads and tools of BERT's Hugging Face code
+# --------------------------------------------------------------------------------------
+
+
+def load(cls, folder, **kwargs):
+    return getattr(transformers, cls).from_pretrained(folder, trust_remote_code=True, **kwargs).eval()
+
+
+def test_the_task_heads_compute_berts_heads_over_the_encoder(google):
+    """Each head recomputed from ``AutoModel``'s outputs and the head's own weights, with
+    BERT's losses (cross-entropy, ignored labels, QA's clamped positions)."""
+    import torch.nn.functional as F
+
+    folder = google["mean"][1]
+    ids, mask, types = (torch.as_tensor(x) for x in batch("pairs"))
+    base = load("AutoModel", folder)
+    with torch.no_grad():
+        out = base(ids, mask, types)
+        seq, pooled = out.last_hidden_state, out.pooler_output
+        nsp = load("AutoModelForNextSentencePrediction", folder)
+        rows = torch.arange(len(ids))
+        got = nsp(ids, mask, types, labels=rows % 2)
+        torch.testing.assert_close(got.logits, load("AutoModelForPreTraining", folder)(ids, mask, types)
+                                   .seq_relationship_logits, atol=0, rtol=0)
+        torch.testing.assert_close(got.loss, F.cross_entropy(got.logits, rows % 2))
+
+        torch.manual_seed(0)
+        tc = load("AutoModelForTokenClassification", folder, num_labels=5)
+        labels = torch.randint(0, 5, ids.shape).masked_fill(mask == 0, -100)
+        got = tc(ids, mask, types, labels=labels)
+        want = seq @ tc.classifier.weight.T + tc.classifier.bias
+        torch.testing.assert_close(got.logits, want, atol=1e-6, rtol=0)
+        keep = labels.ne(-100)
+        torch.testing.assert_close(got.loss, F.cross_entropy(want[keep], labels[keep]), atol=1e-6, rtol=0)
+
+        qa = load("AutoModelForQuestionAnswering", folder)
+        start, end = rows + 1, rows + 2
+        start[0] = 99  # outside the input: clamped and ignored, as BERT's
+        got = qa(ids, mask, types, start_positions=start, end_positions=end)
+        both = seq @ qa.qa_outputs.weight.T + qa.qa_outputs.bias
+        torch.testing.assert_close(got.start_logits, both[..., 0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(got.end_logits, both[..., 1], atol=1e-6, rtol=0)
+        loss = (F.cross_entropy(both[1:, :, 0], start[1:]) + F.cross_entropy(both[..., 1], end)) / 2
+        torch.testing.assert_close(got.loss, loss, atol=1e-6, rtol=0)
+
+        mc = load("AutoModelForMultipleChoice", folder)
+        got = mc(ids.unsqueeze(0), mask.unsqueeze(0), types.unsqueeze(0), labels=torch.tensor([1]))
+        want = (pooled @ mc.classifier.weight.T + mc.classifier.bias).view(1, -1)
+        torch.testing.assert_close(got.logits, want, atol=1e-6, rtol=0)
+        torch.testing.assert_close(got.loss, F.cross_entropy(want, torch.tensor([1])), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_sdpa_equals_eager_forward_and_backward(google, mode):
+    folder = google[mode][1]
+    ids, mask, types = (torch.as_tensor(x) for x in batch("pairs"))
+    models = {impl: load("AutoModelForPreTraining", folder, attn_implementation=impl) for impl in ("eager", "sdpa")}
+    assert models["sdpa"].config._attn_implementation == "sdpa"
+    grads, outs = {}, {}
+    for impl, model in models.items():
+        out = model(ids, mask, types, output_hidden_states=True)
+        outs[impl] = out
+        (out.prediction_logits.square().mean() + out.seq_relationship_logits.sum()).backward()
+        grads[impl] = {n: p.grad for n, p in model.named_parameters()}
+    torch.testing.assert_close(outs["sdpa"].prediction_logits, outs["eager"].prediction_logits, atol=2e-5, rtol=0)
+    torch.testing.assert_close(outs["sdpa"].hidden_states, outs["eager"].hidden_states, atol=2e-5, rtol=0)
+    for name, grad in grads["eager"].items():
+        torch.testing.assert_close(grads["sdpa"][name], grad, atol=2e-5, rtol=1e-4, msg=name)
+    with torch.no_grad():  # output_attentions: the probabilities, as eager gives them
+        a = models["sdpa"](ids, mask, types, output_attentions=True).attentions
+        b = models["eager"](ids, mask, types, output_attentions=True).attentions
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(google):
+    """With dropout on (same seed): every gradient equal; and the layers really run twice."""
+    folder = google["sum"][1]
+    ids, mask, types = (torch.as_tensor(x) for x in batch("pairs"))
+    model = load("AutoModelForSequenceClassification", folder, num_labels=2, hidden_dropout_prob=0.1,
+                 attention_probs_dropout_prob=0.1)
+    model.train()
+    calls = []
+    model.realformer.encoder.layer[0].intermediate.dense.register_forward_hook(lambda *a: calls.append(1))
+
+    def gradients():
+        calls.clear()
+        model.zero_grad()
+        torch.manual_seed(3)
+        model(ids, mask, types, labels=torch.arange(len(ids)) % 2).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}, len(calls)
+
+    plain, plain_calls = gradients()
+    model.gradient_checkpointing_enable()
+    again, again_calls = gradients()
+    assert (plain_calls, again_calls) == (1, 2)  # recomputed in the backward pass
+    assert max(g.abs().max().item() for g in plain.values()) > 0
+    for name, grad in plain.items():
+        torch.testing.assert_close(again[name], grad, atol=1e-6, rtol=0, msg=name)
+
+
+def test_resize_token_embeddings_resizes_the_output_bias_and_keeps_old_logits(google, tmp_path):
+    folder = google["sum"][1]
+    ids, mask, types = (torch.as_tensor(x) for x in batch("pairs"))
+    model = load("AutoModelForMaskedLM", folder)
+    vocab = model.config.vocab_size
+    with torch.no_grad():
+        before = model(ids, mask, types).logits
+    bias = model.cls.predictions.bias.detach().clone()
+    model.resize_token_embeddings(vocab + 5)
+    assert model.config.vocab_size == vocab + 5 and model.cls.predictions.bias.shape == (vocab + 5,)
+    assert model.cls.predictions.decoder.weight is model.realformer.embeddings.word_embeddings.weight
+    torch.testing.assert_close(model.cls.predictions.bias[vocab:], bias.mean().expand(5))
+    with torch.no_grad():
+        after = model(ids, mask, types).logits
+    assert after.shape[-1] == vocab + 5
+    torch.testing.assert_close(after[..., :vocab], before, atol=1e-5, rtol=0)
+    new_ids = ids.long().masked_fill(ids.eq(5), vocab + 4)  # a new token in the input trains
+    model.train()
+    model(new_ids, mask, types, labels=new_ids).loss.backward()
+    assert model.realformer.embeddings.word_embeddings.weight.grad[vocab + 4].abs().sum() > 0
+    model.eval().save_pretrained(tmp_path / "resized")
+    again = load("AutoModelForMaskedLM", tmp_path / "resized")
+    with torch.no_grad():
+        assert torch.equal(again(ids, mask, types).logits, model(ids, mask, types).logits)
+    model.resize_token_embeddings(vocab - 2)
+    with torch.no_grad():
+        assert model(ids.clamp(max=vocab - 3), mask, types).logits.shape[-1] == vocab - 2
+
+
+def test_an_input_longer_than_the_position_table_is_a_clear_error(google):
+    model = load("AutoModel", google["sum"][1])
+    limit = model.config.max_position_embeddings  # BERT's positions: token t at row t
+    with pytest.raises(ValueError, match=f"{limit + 1} tokens is longer than this model's {limit} positions"):
+        model(torch.ones(1, limit + 1, dtype=torch.long))
+    with torch.no_grad():
+        model(torch.ones(1, limit, dtype=torch.long))  # the longest input runs
+
+
+def test_token_type_ids_without_segment_embeddings_and_fairseq_lengths_are_clear_errors(pretrained_export):
+    model = load("AutoModel", pretrained_export[2])  # RoBERTa-style: no segment embeddings
+    ids = torch.tensor([[0, 100, 200, 2]])
+    with pytest.raises(ValueError, match="no token type .segment. embeddings"):
+        model(ids, token_type_ids=torch.tensor([[0, 0, 1, 1]]))
+    with torch.no_grad():  # zeros say nothing the model does not assume
+        torch.testing.assert_close(model(ids, token_type_ids=torch.zeros_like(ids)).last_hidden_state,
+                                   model(ids).last_hidden_state, atol=0, rtol=0)
+    # fairseq's positions start after the padding index: pad + 1 rows fewer
+    limit = model.config.max_position_embeddings - model.config.pad_token_id - 1
+    with pytest.raises(ValueError, match=f"{limit + 1} tokens is longer than this model's {limit} positions"):
+        model(torch.full((1, limit + 1), 100))
+
+
+# --------------------------------------------------------------------------------------
 # refusals
 # --------------------------------------------------------------------------------------
 
@@ -382,3 +566,213 @@ def test_a_dictionary_missing_pieces_is_refused_in_one_line(pretrained_export):
         hf_export.sentencepiece_tokenizer(str(prepared / "spm.model"), Dictionary.load(str(prepared / "dict.txt")),
                                           False, 64)
     assert "\n" not in str(e.value)
+
+
+def test_export_json_holds_no_machine_path_and_the_card_has_the_hub_header(pretrained_export, google):
+    import yaml
+
+    folder, summary = pretrained_export[2], pretrained_export[3]
+    written = json.loads((folder / "export.json").read_text())
+    strings = [v for v in json.dumps(written).split('"') if "/" in v or "\\" in v]
+    assert not any(os.path.isabs(v) for v in strings), strings
+    assert written["checkpoint"] == "checkpoint_last.pt" and summary["out"] == str(folder)  # the printed one says
+    for kind, path, license, pipeline_tag in (("here", folder, "mit", "fill-mask"),
+                                              ("google", google["mean"][1], "apache-2.0", "fill-mask")):
+        card = (path / "README.md").read_text()
+        assert card.startswith("---\n")
+        meta = yaml.safe_load(card.split("---\n")[1])
+        assert meta["license"] == license and meta["library_name"] == "transformers", kind
+        assert meta["pipeline_tag"] == pipeline_tag and {"realformer", "bert"} <= set(meta["tags"]), kind
+        exported = json.loads((path / "export.json").read_text())
+        assert f"**{exported['residual_attention_mode']}**" in card and "2012.11747" in card
+        assert exported["checkpoint"] in card and str(path) not in card
+        for name, value in exported["verified"]["max_abs_diff"].items():
+            assert f"{name} {value:.2g}" in card and value < 1e-4
+        assert "trust_remote_code=True" in card
+
+
+def wikitext_valid_lines():
+    return [line for line in (WIKITEXT2 / "valid.txt").read_text(encoding="utf-8").split("\n") if line.strip()]
+
+
+def test_sentencepiece_tokenizer_gives_fairseqs_ids_on_raw_wikitext_and_whitespace(pretrained_export):
+    """Every non-empty line of WikiText-2's valid.txt (each ends with a space), whitespace-
+    only input and no-break spaces: the ids of SentencePiece's pieces, as hub.encode gives."""
+    import sentencepiece as spm
+
+    checkpoint, data, folder, _, _ = pretrained_export
+    hub, _, _ = hf_export.load_hub(str(checkpoint), str(data))
+    hub.bpe = SentencepieceBPE(SentencepieceConfig(sentencepiece_model=str(data / "spm.model")))
+    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    lines = wikitext_valid_lines()
+    assert len(lines) > 2000 and all(line.endswith(" ") for line in lines)
+    edge = ["The film was released in 2001 . ", " ", "", "   \t ", "trailing no-break space\u00a0", "\u00a0",
+            "\u00a0inside\u00a0\u00a0and\u3000ideographic "]
+    d = hub.task.source_dictionary
+    for text in lines + edge:
+        ids = tokenizer(text)["input_ids"]
+        assert ids == hub.encode(text).tolist(), text
+        assert ids == [d.bos()] + [d.index(p) for p in sp.encode(text, out_type=str)] + [d.eos()], text
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer(edge[0])["input_ids"])
+    assert tokens[-2:] == ["\u2581.", "</s>"] and "\u2581" not in tokens  # no stray piece for the trailing space
+    assert tokenizer(" ")["input_ids"] == tokenizer("")["input_ids"] == [d.bos(), d.eos()]
+    # the symptom: a trailing space changed the pooled output; now every output is fairseq's
+    enc = tokenizer([lines[1], lines[2]], padding=True, truncation=True, return_tensors="pt")
+    seq, pooled, mlm, nsp = outputs(hub, enc["input_ids"])
+    got = hf_outputs(folder, enc["input_ids"], enc["attention_mask"], None)
+    torch.testing.assert_close(got[1], pooled, atol=ATOL, rtol=0)
+    torch.testing.assert_close(got[0], seq, atol=ATOL, rtol=0)
+
+
+def test_the_exports_own_check_reads_raw_text_and_catches_a_stray_piece(pretrained_export, monkeypatch):
+    """Without the trailing-whitespace strip, the tokenizer passes on texts decoded back from
+    pieces (what the check used to read) and fails on the raw valid lines it reads now."""
+    import tokenizers
+    from fairseq.data import data_utils
+    from tokenizers import Regex
+
+    from realformer_nmt.errors import ConfigError
+
+    checkpoint, data, _, _, _ = pretrained_export
+    hub, _, _ = hf_export.load_hub(str(checkpoint), str(data))
+    hub.bpe = SentencepieceBPE(SentencepieceConfig(sentencepiece_model=str(data / "spm.model")))
+    real = tokenizers.normalizers.Replace
+    calls = []
+
+    def without_strip(pattern, content):
+        calls.append(content)
+        return real(Regex(" {2,}"), " ") if len(calls) == 2 else real(pattern, content)  # 2nd: the strip
+
+    monkeypatch.setattr(tokenizers.normalizers, "Replace", without_strip)
+    old = hf_export.sentencepiece_tokenizer(str(data / "spm.model"), hub.task.source_dictionary, False, 64)
+    assert len(calls) == 2
+    dataset = data_utils.load_indexed_dataset(str(data / "valid"), hub.task.source_dictionary)
+    decoded = [hub.bpe.decode(hub.task.source_dictionary.string(dataset[i])) for i in range(50)]
+    assert hf_export.check_tokenizer(old, hub, [t for t in decoded if t.strip()]) > 10
+    raw = hf_export.raw_valid_text(str(data))
+    assert raw == wikitext_valid_lines()[:200]
+    with pytest.raises(ConfigError, match="refusing to export a tokenizer that differs"):
+        hf_export.check_tokenizer(old, hub, raw)
+
+
+def test_a_refused_export_writes_nothing(pretrained_export, tmp_path):
+    """The tokenizer is refused (a dictionary symbol that is no SentencePiece piece) after
+    the model loaded: OUT keeps only what it held, and no temporary folder is left."""
+    checkpoint, data = pretrained_export[:2]
+    bad = tmp_path / "data"
+    shutil.copytree(data, bad, ignore=shutil.ignore_patterns("work", "*.bin", "*.idx"))
+    lines = (bad / "dict.txt").read_text(encoding="utf-8").splitlines()
+    lines[-1] = "zzqq_no_piece 0"
+    (bad / "dict.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for out in (tmp_path / "new" / "hf", tmp_path / "old"):
+        if out.name == "old":
+            out.mkdir()
+            (out / "notes.txt").write_text("mine")
+        proc = export_cli(checkpoint, "--out", out, "--data", bad, check=False)
+        errors = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and "lacks 1 of" in errors[-1], proc.stderr[-2000:]
+        assert errors[-1].startswith("export_hf.py: error:")
+    assert not (tmp_path / "new").exists()
+    assert sorted(os.listdir(tmp_path / "old")) == ["notes.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["data", "old"]
+
+
+def test_hf_folder_is_ignored_by_git():
+    assert "/hf/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+# --------------------------------------------------------------------------------------
+# a sentence_prediction fine-tune (a caption task made from Multi30k)
+# --------------------------------------------------------------------------------------
+
+MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+HEAD = "sentence_classification_head"
+
+
+def caption_rows():
+    """Multi30k training captions labelled "dog" (mentions a dog) or "other", alternating."""
+    import gzip
+    import re
+
+    with gzip.open(MULTI30K / "train.en.gz", "rt", encoding="utf-8") as f:
+        captions = [line.strip() for line in f if line.strip()]
+    dog = re.compile(r"\bdogs?\b", re.IGNORECASE)
+    pools = ([c for c in captions if dog.search(c)][:48], [c for c in captions if not dog.search(c)][:48])
+    return [(pools[i % 2][i // 2], ("dog", "other")[i % 2]) for i in range(96)]
+
+
+@pytest.fixture(scope="module")
+@trains
+def finetuned_export(pretrained_export, tmp_path_factory):
+    """The pre-trained checkpoint fine-tuned for 10 updates with --task sentence_prediction
+    on 64 captions (prepare_finetune_data.py), exported with --data the fine-tuning dir."""
+    from test_bert_finetune_hub import finetune
+
+    from realformer_nmt.cli import prepare_finetune_data
+
+    checkpoint, data = pretrained_export[:2]
+    root = tmp_path_factory.mktemp("hf_finetuned")
+    rows = caption_rows()
+    for split, part in (("train", rows[:64]), ("valid", rows[64:])):
+        (root / f"{split}.tsv").write_text("".join(f"{t}\t{label}\n" for t, label in part), encoding="utf-8")
+    captions = root / "captions"
+    assert prepare_finetune_data.main(["--pretrained-data", str(data), "--train", str(root / "train.tsv"),
+                                       "--valid", str(root / "valid.tsv"), "--out", str(captions)]) == 0
+    finetune(captions, checkpoint, root / "ft", "--num-classes", 2)
+    out = root / "hf"
+    proc = export_cli(root / "ft" / "checkpoint_last.pt", "--out", out, "--data", captions,
+                      "--sentencepiece-model", data / "spm.model")
+    return root / "ft" / "checkpoint_last.pt", captions, data, out, json.loads(proc.stdout), rows[64:]
+
+
+def test_finetuned_head_exports_with_fairseqs_predict_logits(finetuned_export):
+    from fairseq.data import Dictionary
+
+    from realformer_nmt.models.realformer_bert import RealFormerBertModel
+
+    checkpoint, captions, data, folder, summary, valid = finetuned_export
+    assert summary["classification_head"] == HEAD and summary["heads"]["sequence_classification"] == HEAD
+    assert summary["verified"]["max_abs_diff"][HEAD] < ATOL
+    config = json.loads((folder / "config.json").read_text())
+    labels = Dictionary.load(str(captions / "label" / "dict.txt"))
+    assert config["architectures"] == ["RealFormerForSequenceClassification"]
+    assert config["id2label"] == {str(i): labels[i + labels.nspecial] for i in range(2)}
+    hub = RealFormerBertModel.from_pretrained(str(checkpoint.parent), checkpoint_file=checkpoint.name,
+                                              data_name_or_path=str(captions), bpe="sentencepiece",
+                                              sentencepiece_model=str(data / "spm.model")).eval()
+    texts = [t for t, _ in valid]
+    with torch.no_grad():
+        want = torch.cat([hub.predict(HEAD, hub.encode(t), return_logits=True) for t in texts]).double()
+        log_probs = torch.cat([hub.predict(HEAD, hub.encode(t)) for t in texts]).double()
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True).eval()
+    enc = tokenizer(texts, padding=True, return_tensors="pt")
+    assert (enc["attention_mask"] == 0).any()
+    with torch.no_grad():
+        got = model(**enc).logits.double()
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(got.log_softmax(-1), log_probs, atol=ATOL, rtol=0)
+    head = hub.model.classification_heads[HEAD]
+    assert torch.equal(model.classifier.weight, head.out_proj.weight)
+    assert torch.equal(model.realformer.pooler.dense.weight, head.dense.weight)
+    classify = pipeline("text-classification", model=str(folder), trust_remote_code=True)
+    assert [r["label"] for r in classify(texts[:6])] == [config["id2label"][str(i)]
+                                                         for i in want[:6].argmax(-1).tolist()]
+
+
+def test_a_finetune_exports_with_the_pretraining_dir_and_refuses_head_ambiguity(finetuned_export, tmp_path):
+    from realformer_nmt.errors import ConfigError
+
+    checkpoint, captions, data, folder = finetuned_export[:4]
+    # --data the pre-training dir: its spm.model, and the fine-tuning dir recorded in the checkpoint
+    proc = export_cli(checkpoint, "--out", tmp_path / "hf", "--data", data)
+    assert json.loads(proc.stdout)["classification_head"] == HEAD
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == (folder / "model.safetensors").read_bytes()
+    hub, _, _ = hf_export.load_hub(str(checkpoint), str(captions))
+    hub.model.register_classification_head("other_head", num_classes=3)
+    with pytest.raises(ConfigError, match=rf"2 classification heads \(other_head, {HEAD}\) .* pass --head NAME"):
+        hf_export.classification_head(hub.model)
+    assert hf_export.classification_head(hub.model, "other_head") == "other_head"
+    with pytest.raises(ConfigError, match=f"--head nope: the checkpoint's classification heads are other_head, {HEAD}"):
+        hf_export.classification_head(hub.model, "nope")

@@ -5,15 +5,23 @@
 
 CHECKPOINT: a checkpoint file (fairseq-train's checkpoint_*.pt) or a folder holding model.pt
 (what scripts/convert_google_checkpoint.py writes). --out receives config.json
-(model_type "realformer", auto_map), model.safetensors, the tokenizer files,
-configuration_realformer.py and modeling_realformer.py (torch + transformers only) and
-export.json (also printed); then, with nothing but transformers installed:
+(model_type "realformer", auto_map), model.safetensors, the tokenizer files, the
+model code (configuration_realformer.py, modeling_realformer*.py: torch + transformers
+only), a model card README.md and export.json (also printed); then, with nothing but
+transformers installed:
 
   from transformers import AutoModelForMaskedLM, AutoTokenizer
   model = AutoModelForMaskedLM.from_pretrained(OUT, trust_remote_code=True)
-  tokenizer = AutoTokenizer.from_pretrained(OUT)
+  tokenizer = AutoTokenizer.from_pretrained(OUT, trust_remote_code=True)
 
-Needs transformers: pip install -e '.[hf]'. Re-running overwrites OUT's files.
+A --task sentence_prediction fine-tune exports its head for
+AutoModelForSequenceClassification:
+
+  python scripts/export_hf.py checkpoints/ft/checkpoint_best.pt --out hf/ft \
+      --data data-bin/captions --sentencepiece-model data-bin/wikitext2_mlm/spm.model
+
+Everything is checked first: a refused export writes nothing. Needs transformers:
+pip install -e '.[hf]'. Re-running overwrites OUT's files.
 """
 
 import argparse
@@ -27,10 +35,15 @@ def parse_args(argv=None):
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint file, or a folder holding model.pt")
     p.add_argument("--out", required=True, help="output folder (created)")
     p.add_argument("--data", metavar="DIR",
-                   help="the data dir whose dict.txt the model uses (default: the checkpoint's folder, "
-                        "then the data dir recorded in the checkpoint)")
+                   help="the data dir whose dictionary the model uses: dict.txt, or input0/dict.txt for a "
+                        "--task sentence_prediction fine-tune (default: the checkpoint's folder, then the data "
+                        "dir recorded in the checkpoint)")
     p.add_argument("--sentencepiece-model", metavar="FILE",
-                   help="SentencePiece model of a model pre-trained here (default: DATA/spm.model)")
+                   help="SentencePiece model of a model pre-trained here (default: DATA/spm.model; for a "
+                        "fine-tune, the pre-training data's spm.model)")
+    p.add_argument("--head", metavar="NAME",
+                   help="the classification head to export, when the checkpoint has several (default: its only "
+                        "one: next_sentence -> the NSP head, any other -> AutoModelForSequenceClassification)")
     return p.parse_args(argv)
 
 
@@ -50,7 +63,7 @@ def main(argv=None):
 
     try:
         summary = hf_export.export(args.checkpoint, args.out, data=args.data,
-                                   sentencepiece_model=args.sentencepiece_model,
+                                   sentencepiece_model=args.sentencepiece_model, head=args.head,
                                    log=lambda m: print(m, file=sys.stderr, flush=True))
     except RealFormerError as e:
         return fail(str(e))

@@ -1,57 +1,65 @@
 """Export a fairseq ``realformer_bert`` checkpoint to a Hugging Face ``transformers`` folder.
 
 ``export(checkpoint, out_dir)`` writes ``config.json`` (``model_type`` "realformer",
-``auto_map`` to the two code files), ``model.safetensors``, the tokenizer files and
-``configuration_realformer.py`` + ``modeling_realformer.py`` (the package's ``hf/`` files,
-copied verbatim: torch and ``transformers`` only), so that
-``AutoModelForMaskedLM.from_pretrained(out_dir, trust_remote_code=True)`` (or
-``AutoModel``, ``AutoModelForPreTraining``, ``AutoModelForSequenceClassification``)
-computes what the fairseq model computes.
+``auto_map`` to the code files), ``model.safetensors``, the tokenizer files, the package's
+``hf/`` code files (copied verbatim: torch and ``transformers`` only), a model card
+(``README.md``) and ``export.json``, so that ``AutoModelForMaskedLM.from_pretrained(out_dir,
+trust_remote_code=True)`` (or any class of ``AUTO_MAP``) computes what the fairseq model
+computes.
 
 * ``checkpoint``: a checkpoint file, or a folder holding ``model.pt`` (what
-  ``scripts/convert_google_checkpoint.py`` writes).
-* Vocabulary: a converted Google checkpoint (``vocab.txt`` next to it) keeps BERT's
-  WordPiece ids (the rows are permuted back from fairseq's dictionary order) and gets
-  ``BertTokenizerFast`` over that ``vocab.txt``, lower-casing as the vocabulary says. A
-  model pre-trained here (fairseq dictionary over SentencePiece pieces) keeps fairseq's
-  ids and gets a fast tokenizer built from ``spm.model`` whose ids are the dictionary's;
-  the export checks it against fairseq's own encoding and refuses, in one line, a
-  dictionary that it cannot reproduce exactly.
-* Heads: the LM head, and the ``next_sentence`` classification head as BERT's pooler +
-  NSP classifier (class order flipped to BERT's: 0 = is next).
+  ``scripts/convert_google_checkpoint.py`` writes): pre-training (``masked_lm``,
+  ``masked_lm_nsp``), a converted Google checkpoint, or a ``sentence_prediction`` fine-tune.
+* ``data``: the data dir of its dictionary: ``dict.txt`` (pre-training) or
+  ``input0/dict.txt`` (fine-tuning, with ``label/dict.txt`` for class names); default: the
+  checkpoint's folder, then the data dir recorded in the checkpoint.
+* Tokenizer and vocabulary: ``hf_tokenizer.py``; configuration, weights and heads:
+  ``hf_weights.py``; the model card: ``hf_model_card.py``.
+
+Everything is checked before anything is written: a refused export leaves ``out_dir`` as
+it was. The files are written to a temporary folder beside ``out_dir``, the exported
+model is loaded from there and compared with fairseq's on the checked texts (the numbers go
+into ``export.json`` and the card), and only then are the files moved into ``out_dir``.
 """
 
 import json
 import logging
 import os
 import shutil
-from typing import Callable, Dict, List, Optional
+import tempfile
+from typing import Callable, List, Optional
 
 import torch
 
 from ...errors import CheckpointFileError, ConfigError
 from .google_checkpoint import MASK, SPECIALS
+from .hf_model_card import model_card
+from .hf_tokenizer import (  # noqa: F401  (re-exported: the export's public names)
+    SAMPLE_TEXT,
+    check_tokenizer,
+    google_order,
+    raw_valid_text,
+    read_vocab,
+    sentencepiece_tokenizer,
+    wordpiece_tokenizer,
+)
+from .hf_weights import NSP_HEAD, classification_head, head_kind, hf_config_values, hf_state_dict  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
-NSP_HEAD = "next_sentence"
-ACTIVATIONS = {"gelu": "gelu", "gelu_accurate": "gelu_new", "gelu_fast": "gelu_new", "relu": "relu",
-               "tanh": "tanh", "linear": "linear"}
 AUTO_MAP = {
     "AutoConfig": "configuration_realformer.RealFormerConfig",
     "AutoModel": "modeling_realformer.RealFormerModel",
     "AutoModelForMaskedLM": "modeling_realformer.RealFormerForMaskedLM",
     "AutoModelForPreTraining": "modeling_realformer.RealFormerForPreTraining",
+    "AutoModelForNextSentencePrediction": "modeling_realformer.RealFormerForNextSentencePrediction",
     "AutoModelForSequenceClassification": "modeling_realformer.RealFormerForSequenceClassification",
+    "AutoModelForMultipleChoice": "modeling_realformer.RealFormerForMultipleChoice",
+    "AutoModelForTokenClassification": "modeling_realformer.RealFormerForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_realformer.RealFormerForQuestionAnswering",
 }
-# checked against fairseq's encoding (with the data's own valid text, when present)
-SAMPLE_TEXT = [
-    "The film was released in 2001 .",
-    "Hello , world ! It 's a small test : 3.5 % of 1,000 people ( roughly ) agreed .",
-    "RealFormer adds the previous layer 's attention scores to its own .",
-    "  leading and  double   spaces , tabs\tand UPPER case Words",
-    "Zürich , São Paulo and Kraków are cities ; naïve café .",
-]
+FINETUNE_TASK = "sentence_prediction"
+VERIFY_TOLERANCE = 1e-4  # float32; a larger difference is a bug in the export, not in the input
 
 
 def hf_code_dir() -> str:
@@ -81,16 +89,19 @@ def _resolve(checkpoint: str):
     return os.path.dirname(os.path.abspath(path)), os.path.basename(path)
 
 
-def _model_name(state: dict, path: str) -> str:
+def _cfg_value(state: dict, section: str, key: str):
     cfg = state.get("cfg")
-    model_cfg = cfg.get("model") if cfg is not None else None
-    if model_cfg is not None:
-        name = model_cfg.get("_name") if hasattr(model_cfg, "get") else getattr(model_cfg, "_name", None)
-        if name is None:
-            name = getattr(model_cfg, "arch", None)
-    else:
-        args = state.get("args")
-        name = getattr(args, "arch", None) if args is not None else None
+    node = cfg.get(section) if cfg is not None else None
+    if node is not None:
+        return node.get(key) if hasattr(node, "get") else getattr(node, key, None)
+    args = state.get("args")
+    if args is None:
+        return None
+    return getattr(args, {"_name": "arch" if section == "model" else "task"}.get(key, key), None)
+
+
+def _model_name(state: dict, path: str) -> str:
+    name = _cfg_value(state, "model", "_name") or _cfg_value(state, "model", "arch")
     if name is None:
         raise CheckpointFileError(f"{path}: not a fairseq checkpoint (no model configuration)")
     return str(name)
@@ -111,27 +122,35 @@ def check_realformer_bert(path: str) -> dict:
     model_class = ARCH_MODEL_REGISTRY.get(name)
     if model_class is None or not issubclass(model_class, RealFormerBertModel):
         raise ConfigError(f"{path}: a '{name}' model, not realformer_bert; only realformer_bert checkpoints "
-                          "(encoder pre-training, converted Google checkpoints) export to Hugging Face")
+                          "(encoder pre-training, converted Google checkpoints, their sentence_prediction "
+                          "fine-tunes) export to Hugging Face")
     return state
 
 
 def _data_dir(folder: str, state: dict, data: Optional[str]) -> str:
-    if data is not None:
-        candidates = [data]
-    else:
-        task = (state.get("cfg") or {}).get("task") or {}
-        stored = task.get("data") if hasattr(task, "get") else None
-        candidates = [folder] + ([os.path.join(folder, stored) if not os.path.isabs(stored) else stored]
-                                 if stored else [])
+    """The data dir the hub loads the dictionary from: ``dict.txt``, or ``input0/dict.txt``
+    for a ``sentence_prediction`` fine-tune (whose task reads it there)."""
+    stored = _cfg_value(state, "task", "data")
+    if stored and not os.path.isabs(stored):
+        stored = os.path.join(folder, stored)
+    finetuned = _cfg_value(state, "task", "_name") == FINETUNE_TASK
+    candidates = ([data] if data is not None else [folder]) + ([stored] if stored else [])
+    need = os.path.join("input0", "dict.txt") if finetuned else "dict.txt"
     for c in candidates:
-        if os.path.isfile(os.path.join(c, "dict.txt")):
+        if os.path.isfile(os.path.join(c, need)):
             return c
+    if finetuned:
+        raise ConfigError(f"a --task {FINETUNE_TASK} fine-tune, and no input0/dict.txt in "
+                          f"{' or '.join(candidates)}: pass --data DIR, the fine-tuning data dir "
+                          "(prepare_finetune_data.py --out), and --sentencepiece-model, the pre-training data's "
+                          "spm.model")
     raise ConfigError(f"no dict.txt in {' or '.join(candidates)}: pass --data DIR, the data dir the model was "
                       "trained on (its dict.txt)")
 
 
 def load_hub(checkpoint: str, data: Optional[str] = None):
-    """The fairseq hub interface of a ``realformer_bert`` checkpoint (eval mode)."""
+    """``(hub, folder, data dir)``: the fairseq hub interface of a ``realformer_bert``
+    checkpoint (eval mode), its folder, and the data dir of its dictionary."""
     from .model import RealFormerBertModel
 
     folder, name = _resolve(checkpoint)
@@ -142,266 +161,29 @@ def load_hub(checkpoint: str, data: Optional[str] = None):
     return hub.eval(), folder, data_dir
 
 
-# --------------------------------------------------------------------------------------
-# configuration and weights
-# --------------------------------------------------------------------------------------
+def _spm_model(given: Optional[str], dirs: List[str]) -> str:
+    if given is not None:
+        if not os.path.isfile(given):
+            raise ConfigError(f"--sentencepiece-model {given}: no such file")
+        return given
+    for d in dirs:
+        if d and os.path.isfile(os.path.join(d, "spm.model")):
+            return os.path.join(d, "spm.model")
+    raise ConfigError(f"no spm.model in {' or '.join(d for d in dirs if d)}: pass --sentencepiece-model FILE "
+                      "(the pre-training data's spm.model)")
 
 
-def hf_config_values(model) -> dict:
-    """``RealFormerConfig`` arguments computing what ``model`` (fairseq) computes; a
-    one-line error for options the Hugging Face code does not implement."""
-    from fairseq.modules import LearnedPositionalEmbedding
-
-    from .sentence_encoder import IndexPositionalEmbedding
-
-    args = model.args
-    se = model.encoder.sentence_encoder
-    layers = list(se.layers)
-    first = layers[0]
-    act = getattr(args, "activation_fn", "gelu")
-    unsupported = []
-    if act not in ACTIVATIONS:
-        unsupported.append(f"--activation-fn {act}")
-    pooler_act = getattr(args, "pooler_activation_fn", "tanh")
-    if pooler_act not in ACTIVATIONS:
-        unsupported.append(f"--pooler-activation-fn {pooler_act}")
-    if se.quant_noise is not None or getattr(args, "quant_noise_pq", 0):
-        unsupported.append("--quant-noise-pq")
-    if any(getattr(layer, "ffn_layernorm", None) is not None or getattr(layer, "w_resid", None) is not None
-           for layer in layers):
-        unsupported.append("NormFormer options (--scale-fc / --scale-resids)")
-    if getattr(args, "encoder_layers_to_keep", None):
-        unsupported.append("--encoder-layers-to-keep")
-    pos = se.embed_positions
-    if isinstance(pos, IndexPositionalEmbedding):
-        offset, rows = pos.offset, pos.weight.shape[0]
-    elif isinstance(pos, LearnedPositionalEmbedding):
-        offset, rows = None, pos.weight.shape[0]
-    else:
-        unsupported.append("positions that are not learned (--encoder-learned-pos off)")
-        offset, rows = None, 0
-    if unsupported:
-        raise ConfigError(f"the Hugging Face RealFormer code does not implement {', '.join(unsupported)}")
-    residual = model.residual
-    eps = first.self_attn_layer_norm.eps
-    return dict(
-        hidden_size=args.encoder_embed_dim,
-        num_hidden_layers=len(layers),
-        num_attention_heads=first.self_attn.num_heads,
-        intermediate_size=first.fc1.out_features,
-        hidden_act=ACTIVATIONS[act],
-        hidden_dropout_prob=float(args.dropout),
-        attention_probs_dropout_prob=float(args.attention_dropout),
-        max_position_embeddings=int(rows),
-        type_vocab_size=int(getattr(se, "num_segments", 0) or 0),
-        layer_norm_eps=float(eps),
-        residual_attention="encoder" in residual.paths,
-        residual_attention_mode=residual.mode,
-        position_offset=offset,
-        zero_padding_embeddings=bool(se.zero_padding_embeddings),
-        embedding_layer_norm=se.layernorm_embedding is not None,
-        normalize_before=bool(first.normalize_before),
-        embed_scale=float(se.embed_scale),
-        pooler_act=ACTIVATIONS[pooler_act],
-        tie_word_embeddings=model.encoder.lm_head.weight is se.embed_tokens.weight,
-    )
-
-
-def hf_state_dict(model, order: List[int]) -> Dict[str, torch.Tensor]:
-    """``RealFormerForPreTraining`` weights; Hugging Face id ``i`` is fairseq id ``order[i]``."""
-    sd = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
-    e = "encoder.sentence_encoder."
-    rows = torch.tensor(order, dtype=torch.long)
-    out: Dict[str, torch.Tensor] = {}
-    h = "realformer."
-
-    def copy(dst, src, *, params=("weight", "bias")):
-        for p in params:
-            out[f"{dst}.{p}"] = sd[f"{src}.{p}"]
-
-    out[h + "embeddings.word_embeddings.weight"] = sd[e + "embed_tokens.weight"][rows]
-    out[h + "embeddings.position_embeddings.weight"] = sd[e + "embed_positions.weight"]
-    if e + "segment_embeddings.weight" in sd:
-        out[h + "embeddings.token_type_embeddings.weight"] = sd[e + "segment_embeddings.weight"]
-    if e + "layernorm_embedding.weight" in sd:
-        copy(h + "embeddings.LayerNorm", e + "layernorm_embedding")
-    for i in range(len(model.encoder.sentence_encoder.layers)):
-        hf, fs = f"{h}encoder.layer.{i}.", f"{e}layers.{i}."
-        for name, proj in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
-            copy(hf + "attention.self." + name, fs + "self_attn." + proj)
-        copy(hf + "attention.output.dense", fs + "self_attn.out_proj")
-        copy(hf + "attention.output.LayerNorm", fs + "self_attn_layer_norm")
-        copy(hf + "intermediate.dense", fs + "fc1")
-        copy(hf + "output.dense", fs + "fc2")
-        copy(hf + "output.LayerNorm", fs + "final_layer_norm")
-    if e + "layer_norm.weight" in sd:
-        copy(h + "encoder.final_layer_norm", e + "layer_norm")
-    lm = "encoder.lm_head."
-    copy("cls.predictions.transform.dense", lm + "dense")
-    copy("cls.predictions.transform.LayerNorm", lm + "layer_norm")
-    out["cls.predictions.decoder.weight"] = sd[lm + "weight"][rows]
-    out["cls.predictions.bias"] = sd[lm + "bias"][rows]
-    head = f"classification_heads.{NSP_HEAD}."
-    if head + "dense.weight" in sd and sd[head + "out_proj.weight"].shape[0] == 2:
-        copy(h + "pooler.dense", head + "dense")
-        # fairseq's masked_lm_nsp / the converter: class 1 = is next; BERT: class 0 = is next
-        out["cls.seq_relationship.weight"] = sd[head + "out_proj.weight"].flip(0).contiguous()
-        out["cls.seq_relationship.bias"] = sd[head + "out_proj.bias"].flip(0).contiguous()
-    return out
-
-
-# --------------------------------------------------------------------------------------
-# vocabulary and tokenizer
-# --------------------------------------------------------------------------------------
-
-
-def google_order(vocab: List[str], dictionary) -> List[int]:
-    """Hugging Face (WordPiece) id ``i`` -> fairseq id, through the token strings."""
-    names = dict(SPECIALS + (MASK,))
-    order = []
-    for i, token in enumerate(vocab):
-        symbol = names.get(token, token)
-        j = dictionary.index(symbol)
-        if j == dictionary.unk() and symbol != "<unk>":
-            raise ConfigError(f"vocab.txt line {i + 1}: {token!r} is not in the model's dictionary")
-        order.append(j)
-    if len(set(order)) != len(order) or len(order) != len(dictionary):
-        raise ConfigError(f"vocab.txt ({len(vocab)} tokens) does not map one-to-one onto the model's dictionary "
-                          f"({len(dictionary)} symbols)")
-    return order
-
-
-def _read_vocab(path: str) -> List[str]:
-    with open(path, encoding="utf-8") as f:
-        vocab = [line.rstrip("\n").rstrip("\r") for line in f]
-    while vocab and vocab[-1] == "":
-        vocab.pop()
-    return vocab
-
-
-def write_wordpiece_tokenizer(vocab: List[str], out_dir: str, max_length: int):
-    """``BertTokenizerFast`` over BERT's ``vocab.txt`` (lower-casing as the vocabulary says)."""
-    from transformers import BertTokenizerFast
-
-    from ...data.wordpiece import is_uncased
-
-    with open(os.path.join(out_dir, "vocab.txt"), "w", encoding="utf-8") as f:
-        f.write("\n".join(vocab) + "\n")
-    # from_pretrained(folder), not BertTokenizerFast(vocab_file=...): the latter maps every word to [UNK]
-    tokenizer = BertTokenizerFast.from_pretrained(out_dir, do_lower_case=is_uncased(vocab),
-                                                  model_max_length=max_length)
-    tokenizer.save_pretrained(out_dir)
-    return tokenizer
-
-
-def sentencepiece_tokenizer(spm_model: str, dictionary, bert_pairs: bool, max_length: int):
-    """A fast tokenizer over ``spm_model`` whose ids are ``dictionary``'s (fairseq's
-    ``<s> pieces </s>``; pairs as the hub lays them out). One-line error when the
-    dictionary cannot be reproduced: a model type other than BPE or unigram, or a piece
-    SentencePiece can produce that the dictionary lacks."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
-    from tokenizers.models import BPE, Unigram
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import import_protobuf
-
-    try:
-        model_pb2 = import_protobuf()
-    except ImportError as e:
-        raise ConfigError(f"reading {spm_model} needs protobuf (pip install -e '.[hf]'): {e}") from None
-    proto = model_pb2.ModelProto()
-    with open(spm_model, "rb") as f:
-        proto.ParseFromString(f.read())
-    kind = proto.trainer_spec.model_type  # 1 unigram, 2 bpe
-    if kind not in (1, 2):
-        raise ConfigError(f"{spm_model}: SentencePiece model type {kind} (only unigram and BPE export)")
-    if proto.trainer_spec.byte_fallback:
-        raise ConfigError(f"{spm_model}: byte fallback is not reproducible through fairseq's dictionary")
-    normal = [(p.piece, p.score) for p in proto.pieces if p.type in (1, 4)]  # NORMAL, USER_DEFINED
-    symbols = [dictionary[i] for i in range(len(dictionary))]
-    index = {s: i for i, s in enumerate(symbols)}
-    missing = [p for p, _ in normal if p not in index and p != "<unk>"]
-    if missing:
-        raise ConfigError(f"the dictionary lacks {len(missing)} of {spm_model}'s pieces (e.g. {missing[:3]}): "
-                          "fairseq maps them to <unk>, which no tokenizer over the pieces reproduces "
-                          "(prepare the data with scripts/prepare_pretraining_data.py --full-vocabulary "
-                          "before training)")
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-    score = {p: s for p, s in normal}
-    floor = min(score.values(), default=0.0) - 1e6
-    if kind == 1:
-        vocab = [(s, score.get(s, floor)) for s in symbols]
-        model = Unigram(vocab, unk_id=dictionary.unk(), byte_fallback=False)
-    else:
-        from transformers.convert_slow_tokenizer import generate_merges
-
-        # SentencePiece's BPE merges in the order of its pieces (transformers' own conversion)
-        ranks = {p.piece: i for i, p in enumerate(proto.pieces) if p.type == 1}
-        merges = generate_merges(ranks)
-        # ignore_merges: a user-defined symbol (split off below) is one piece, never merged
-        model = BPE({s: i for i, s in enumerate(symbols)}, merges, unk_token="<unk>", fuse_unk=True,
-                    byte_fallback=False, ignore_merges=True)
-    tok = Tokenizer(model)
-    spec = proto.normalizer_spec
-    parts = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
-    if spec.remove_extra_whitespaces:
-        parts.append(normalizers.Replace(Regex(" {2,}"), " "))
-    if parts:
-        tok.normalizer = normalizers.Sequence(parts)
-    # "first": no word boundary after a special token ("<unk>s" -> <unk> s, as SentencePiece)
-    prepend = "first" if spec.add_dummy_prefix else "never"
-    split = bool(proto.trainer_spec.split_by_whitespace)
-    steps = [pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend, split=split)]
-    # SentencePiece's user-defined symbols (WikiText's literal "<unk>") are whole pieces wherever
-    # they stand, after the word-boundary mark: "<unk> a" -> "\u2581" "<unk>" "\u2581a"
-    user_defined = [p.piece for p in proto.pieces if p.type == 4]
-    steps += [pre_tokenizers.Split(u, behavior="isolated") for u in user_defined]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
-    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend, split=split)
-    bos, eos = ("<s>", dictionary.bos()), ("</s>", dictionary.eos())
-    pair = "<s> $A:0 </s>:0 $B:1 </s>:1" if bert_pairs else "<s> $A </s> </s> $B </s>"
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", pair=pair, special_tokens=[bos, eos])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
-        pad_token="<pad>", model_max_length=max_length,
-        # not an added token when "<unk>" is a user-defined piece: it must stay in the text for the split above
-        **({} if "<unk>" in user_defined else {"unk_token": "<unk>"}),
-        # lstrip: "was <mask> in" encodes as fairseq's fill_mask encodes it ("was" <mask> "\u2581in")
-        mask_token=AddedToken("<mask>", lstrip=True, rstrip=False, special=True, normalized=False),
-        model_input_names=["input_ids", "token_type_ids", "attention_mask"] if bert_pairs
-        else ["input_ids", "attention_mask"],
-    )
-    for s in specials:
-        if fast.convert_tokens_to_ids(s) != index.get(s):
-            raise ConfigError(f"special token {s} has id {fast.convert_tokens_to_ids(s)} in the tokenizer, "
-                              f"{index.get(s)} in the dictionary")
-    return fast
-
-
-def _valid_text(data_dir: str, hub, limit: int = 200) -> List[str]:
-    """Up to ``limit`` sentences of the data's valid split, decoded back to text."""
-    from fairseq.data import data_utils
-
-    path = os.path.join(data_dir, "valid")
-    if not os.path.isfile(path + ".idx"):
-        return []
-    dataset = data_utils.load_indexed_dataset(path, hub.task.source_dictionary)
-    texts = []
-    for i in range(min(limit, len(dataset))):
-        pieces = hub.task.source_dictionary.string(dataset[i])
-        if pieces.strip():
-            texts.append(hub.bpe.decode(pieces))
-    return texts
-
-
-def check_tokenizer(tokenizer, hub, texts: List[str]) -> int:
-    """One-line error at the first text whose ids differ from fairseq's ``hub.encode``."""
-    for text in texts:
-        theirs = hub.encode(text).tolist()
-        ours = tokenizer(text)["input_ids"]
-        if ours != theirs:
-            raise ConfigError(f"the exported tokenizer would encode {text[:60]!r} as {ours[:12]}..., "
-                              f"fairseq as {theirs[:12]}...: refusing to export a tokenizer that differs")
-    return len(texts)
+def _labels(hub, kind: Optional[str], num: int) -> dict:
+    """``id2label`` and ``problem_type`` of a sequence-classification head."""
+    if kind != "sequence_classification":
+        return {}
+    if getattr(hub.task.cfg, "regression_target", False) or num == 1:
+        return {"num_labels": num, "problem_type": "regression" if num == 1 else None}
+    labels = getattr(hub.task, "label_dictionary", None)
+    names = ([labels[i + labels.nspecial] for i in range(num)] if labels is not None
+             and len(labels) >= num + labels.nspecial else [f"LABEL_{i}" for i in range(num)])
+    return {"id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)},
+            "problem_type": "single_label_classification"}
 
 
 # --------------------------------------------------------------------------------------
@@ -409,81 +191,145 @@ def check_tokenizer(tokenizer, hub, texts: List[str]) -> int:
 # --------------------------------------------------------------------------------------
 
 
+def verify(folder: str, modeling, model, tokenizer, head: Optional[str], kind: Optional[str], order: List[int],
+           texts: List[str]) -> dict:
+    """Largest absolute differences between fairseq's ``model`` and the folder loaded in the
+    Hugging Face code, on up to 16 of ``texts`` encoded by the exported tokenizer (batched,
+    padded; every non-padded position of the sequence output and the masked-LM logits)."""
+    from transformers.utils import logging as hf_logging
+
+    texts = [t for t in texts if t.strip()][:16]
+    enc = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # the load reports of heads that start fresh, by design
+    hf_logging.disable_progress_bar()
+    try:
+        diff = _differences(folder, modeling, model, head, kind, order, ids, mask)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    result = {"texts": len(texts), "tokens": int(mask.sum()),
+              "max_abs_diff": {k: float(f"{v.abs().max().item():.3g}") for k, v in diff.items()}}
+    worst = max(result["max_abs_diff"].values())
+    if worst > VERIFY_TOLERANCE:  # a bug in the export, not in its input
+        raise RuntimeError(f"the exported model differs from fairseq's by {worst:.3g}: {result['max_abs_diff']}")
+    return result
+
+
+def _differences(folder, modeling, model, head, kind, order, ids, mask) -> dict:
+    tokens = torch.tensor(order)[ids]  # Hugging Face id i is fairseq id order[i]
+    keep = mask.bool()
+    mlm_model = modeling.RealFormerForMaskedLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        features, _ = model(tokens, features_only=True)
+        logits, _ = model(tokens)
+        diff = {"sequence_output": mlm_model.realformer(ids, mask).last_hidden_state[keep] - features[keep],
+                "masked_lm_logits": mlm_model(ids, mask).logits[keep] - logits[keep][:, order]}
+        if kind == "next_sentence":
+            got = modeling.RealFormerForPreTraining.from_pretrained(folder).eval()(ids, mask).seq_relationship_logits
+            diff[head] = got - model.classification_heads[head](features).flip(-1)
+        elif kind == "sequence_classification":
+            got = modeling.RealFormerForSequenceClassification.from_pretrained(folder).eval()(ids, mask).logits
+            diff[head] = got - model.classification_heads[head](features)
+    return diff
+
+
 def export(checkpoint: str, out_dir: str, data: Optional[str] = None, sentencepiece_model: Optional[str] = None,
-           log: Callable[[str], None] = logger.info) -> dict:
+           head: Optional[str] = None, log: Callable[[str], None] = logger.info) -> dict:
     """Write the Hugging Face folder ``out_dir``; returns a summary (also ``export.json``)."""
+    from safetensors.torch import save_file
+
     configuration, modeling = _import_hf()
     hub, folder, data_dir = load_hub(checkpoint, data)
-    log(f"[1/4] loaded {checkpoint} (dictionary: {os.path.join(data_dir, 'dict.txt')})")
+    log(f"[1/5] loaded {checkpoint} (dictionary: {data_dir})")
     model, dictionary = hub.model, hub.task.source_dictionary
     values = hf_config_values(model)
     max_length = values["max_position_embeddings"] - (
         0 if values["position_offset"] is not None else dictionary.pad() + 1)
+    head = classification_head(model, head)
+    kind = head_kind(model, head)
 
+    log("[2/5] tokenizer")
     vocab_file = os.path.join(folder, "vocab.txt")
     google = os.path.isfile(vocab_file)
-    if google:
-        vocab = _read_vocab(vocab_file)
-        order = google_order(vocab, dictionary)
-        names = dict(SPECIALS + (MASK,))
-        ids = {f: vocab.index(b) for b, f in names.items()}
-    else:
-        order = list(range(len(dictionary)))
-        ids = {s: dictionary.index(s) for s in ("<s>", "<pad>", "</s>", "<unk>", "<mask>")}
-    config = configuration.RealFormerConfig(
-        vocab_size=len(order), pad_token_id=ids["<pad>"], bos_token_id=ids["<s>"], eos_token_id=ids["</s>"],
-        architectures=["RealFormerForPreTraining"], auto_map=dict(AUTO_MAP), **values,
-    )
-    log(f"[2/4] mapping {sum(p.numel() for p in model.parameters())} parameters "
-        f"(residual attention: {config.residual_attention_mode if config.residual_attention else 'off'})")
-    state = hf_state_dict(model, order)
-    hf_model = modeling.RealFormerForPreTraining(config).eval()
-    missing, unexpected = hf_model.load_state_dict(state, strict=False)
-    tied = {"cls.predictions.decoder.weight"} if config.tie_word_embeddings else set()
-    fresh = sorted(set(missing) - tied)
-    allowed = {"realformer.pooler.dense.weight", "realformer.pooler.dense.bias",
-               "cls.seq_relationship.weight", "cls.seq_relationship.bias"}
-    if unexpected or set(fresh) - allowed:  # a mapping bug, not a user error
-        raise RuntimeError(f"weights do not cover the model: unexpected {unexpected}, missing {fresh}")
-    if fresh:
-        log(f"no {NSP_HEAD} head in the checkpoint: the pooler and NSP classifier start fresh")
-    if config.tie_word_embeddings:
-        hf_model.tie_weights()
+    staging = None
+    try:
+        if google:
+            vocab = read_vocab(vocab_file)
+            order = google_order(vocab, dictionary)
+            ids = {f: vocab.index(b) for b, f in dict(SPECIALS + (MASK,)).items()}
+            tokenizer = wordpiece_tokenizer(vocab, max_length)
+            tokenizer_kind, texts, checked = "BertTokenizerFast (vocab.txt)", [], 0
+        else:
+            order = list(range(len(dictionary)))
+            ids = {s: dictionary.index(s) for s in ("<s>", "<pad>", "</s>", "<unk>", "<mask>")}
+            spm_model = _spm_model(sentencepiece_model, [data_dir, data, folder])
+            tokenizer = sentencepiece_tokenizer(spm_model, dictionary, values["type_vocab_size"] > 0, max_length)
+            from fairseq.data.encoders.sentencepiece_bpe import SentencepieceBPE, SentencepieceConfig
 
-    log(f"[3/4] writing {out_dir}")
-    os.makedirs(out_dir, exist_ok=True)
-    hf_model.save_pretrained(out_dir)
-    for name in ("configuration_realformer.py", "modeling_realformer.py"):
-        shutil.copyfile(os.path.join(hf_code_dir(), name), os.path.join(out_dir, name))
+            hub.bpe = SentencepieceBPE(SentencepieceConfig(sentencepiece_model=spm_model))
+            texts = SAMPLE_TEXT + raw_valid_text(os.path.dirname(os.path.abspath(spm_model)))
+            checked = check_tokenizer(tokenizer, hub, texts)
+            tokenizer_kind = f"PreTrainedTokenizerFast ({os.path.basename(spm_model)}, fairseq dictionary ids)"
+            log(f"  {checked} texts encode as fairseq's hub.encode encodes them")
 
-    log("[4/4] tokenizer")
-    if google:
-        write_wordpiece_tokenizer(vocab, out_dir, max_length)
-        tokenizer_kind, checked = "BertTokenizerFast (vocab.txt)", 0
-    else:
-        spm_model = sentencepiece_model or os.path.join(data_dir, "spm.model")
-        if not os.path.isfile(spm_model):
-            raise ConfigError(f"no SentencePiece model {spm_model}: pass --sentencepiece-model (the data's spm.model)")
-        bert_pairs = config.type_vocab_size > 0
-        tokenizer = sentencepiece_tokenizer(spm_model, dictionary, bert_pairs, max_length)
-        from fairseq.data.encoders.sentencepiece_bpe import SentencepieceBPE, SentencepieceConfig
+        num = model.classification_heads[head].out_proj.out_features if head else 2
+        config = configuration.RealFormerConfig(
+            vocab_size=len(order), pad_token_id=ids["<pad>"], bos_token_id=ids["<s>"], eos_token_id=ids["</s>"],
+            architectures=["RealFormerForSequenceClassification" if kind == "sequence_classification"
+                           else "RealFormerForPreTraining"],
+            auto_map=dict(AUTO_MAP), classification_head=head, **_labels(hub, kind, num), **values)
+        state = hf_state_dict(model, order, head)
+        log(f"[3/5] mapped {sum(p.numel() for p in model.parameters())} parameters (residual attention: "
+            f"{config.residual_attention_mode if config.residual_attention else 'off'}; "
+            f"classification head: {head or 'none'})")
 
-        hub.bpe = SentencepieceBPE(SentencepieceConfig(sentencepiece_model=spm_model))
-        checked = check_tokenizer(tokenizer, hub, SAMPLE_TEXT + _valid_text(data_dir, hub))
-        tokenizer.save_pretrained(out_dir)
-        tokenizer_kind = f"PreTrainedTokenizerFast ({os.path.basename(spm_model)}, fairseq dictionary ids)"
-    summary = {
-        "checkpoint": os.path.abspath(os.path.join(folder, _resolve(checkpoint)[1])),
-        "out": os.path.abspath(out_dir),
-        "model_type": "realformer",
-        "residual_attention_mode": config.residual_attention_mode,
-        "residual_attention": config.residual_attention,
-        "vocab_size": config.vocab_size,
-        "tokenizer": tokenizer_kind,
-        "tokenizer_texts_checked": checked,
-        "heads": {"masked_lm": True, NSP_HEAD: not fresh},
-        "classes": sorted(AUTO_MAP),
-    }
-    with open(os.path.join(out_dir, "export.json"), "w", encoding="utf-8") as f:
-        f.write(json.dumps(summary, indent=2) + "\n")
-    return summary
+        parent = os.path.dirname(os.path.abspath(out_dir))
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
+        config.save_pretrained(staging)
+        save_file(state, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
+        tokenizer.save_pretrained(staging)
+        if google:  # BERT's own vocab.txt beside tokenizer.json, as BERT folders have it
+            with open(os.path.join(staging, "vocab.txt"), "w", encoding="utf-8") as f:
+                f.write("\n".join(vocab) + "\n")
+        for name in modeling_files():
+            shutil.copyfile(os.path.join(hf_code_dir(), name), os.path.join(staging, name))
+        log("[4/5] verifying the folder against fairseq")
+        verified = verify(staging, modeling, model, tokenizer, head, kind, order, texts or SAMPLE_TEXT)
+        summary = {
+            "checkpoint": os.path.basename(os.path.join(folder, _resolve(checkpoint)[1])),
+            "model_type": "realformer",
+            "residual_attention_mode": config.residual_attention_mode,
+            "residual_attention": config.residual_attention,
+            "vocab_size": config.vocab_size,
+            "tokenizer": tokenizer_kind,
+            "tokenizer_texts_checked": checked,
+            "heads": {"masked_lm": True, NSP_HEAD: kind == "next_sentence",
+                      "sequence_classification": head if kind == "sequence_classification" else None},
+            "classification_head": head,
+            "verified": verified,
+            "classes": sorted(AUTO_MAP),
+        }
+        with open(os.path.join(staging, "export.json"), "w", encoding="utf-8") as f:
+            f.write(json.dumps(summary, indent=2) + "\n")
+        with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as f:
+            f.write(model_card(config, summary))
+        log(f"[5/5] writing {out_dir}")
+        os.makedirs(out_dir, exist_ok=True)
+        umask = os.umask(0)
+        os.umask(umask)
+        for name in sorted(os.listdir(staging)):
+            os.chmod(os.path.join(staging, name), 0o666 & ~umask)  # not the temporary folder's 0600
+            os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    return {**summary, "out": out_dir}
+
+
+def modeling_files():
+    from .hf import FILES
+    return FILES

@@ -27,6 +27,8 @@ class RealFormerConfig(PretrainedConfig):
         normalize_before (bool): Pre-LN layers and a final layer norm (default: Post-LN, BERT).
         embed_scale (float): the token embeddings are multiplied by this (BERT: 1.0).
         pooler_act (str): the pooler's activation (BERT: ``"tanh"``).
+        classification_head (str or None): the fairseq classification head the pooler (and
+            the NSP or sequence classifier) came from, when the export had one.
     """
 
     model_type = "realformer"
@@ -55,6 +57,7 @@ class RealFormerConfig(PretrainedConfig):
         normalize_before=False,
         embed_scale=1.0,
         pooler_act="tanh",
+        classification_head=None,
         tie_word_embeddings=True,
         **kwargs,
     ):
@@ -84,4 +87,5 @@ class RealFormerConfig(PretrainedConfig):
         self.normalize_before = normalize_before
         self.embed_scale = embed_scale
         self.pooler_act = pooler_act
+        self.classification_head = classification_head
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)

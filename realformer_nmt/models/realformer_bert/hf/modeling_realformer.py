@@ -1,18 +1,13 @@
 """RealFormer (He et al., 2021, "RealFormer: Transformer Likes Residual Attention") for
-Hugging Face ``transformers``: BERT with residual attention.
+Hugging Face ``transformers``: the task heads over ``RealFormerModel``
+(``modeling_realformer_encoder.py``, where the residual attention is).
 
 Self-contained (torch and ``transformers`` only); written into each exported model folder
 by realformer-nmt's ``scripts/export_hf.py`` so that ``AutoModel*.from_pretrained(folder,
-trust_remote_code=True)`` loads it. Module and parameter names, inputs, outputs and heads
-follow ``transformers``' BERT (``modeling_bert.py``). The one change is in attention: layer
-n adds its raw scores to the running sum handed over by layer n-1 and attends with the
-softmax of that sum (``mode="sum"``) or of the sum divided by n (``mode="mean"``)::
-
-    A_n = Q_n K_n^T / sqrt(d) + A_{n-1};   P_n = softmax(mask(A_n / c_n)) V_n
-
-The *unmasked* sum goes on to the next layer (google-research ``realformer.py``). Scores,
-their running sum and the softmax are computed in float32 whatever the model's dtype.
-Next-sentence logits follow BERT's convention: class 0 = "B follows A".
+trust_remote_code=True)`` loads it. Heads, their parameter names, inputs, outputs and
+losses follow ``transformers``' BERT: masked LM, pre-training (MLM + NSP), next-sentence
+prediction (class 0 = "B follows A"), sequence classification, multiple choice, token
+classification and extractive question answering.
 """
 
 from dataclasses import dataclass
@@ -21,199 +16,18 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
-from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_outputs import (
-    BaseModelOutputWithPooling,
     MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    NextSentencePredictorOutput,
+    QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
+    TokenClassifierOutput,
 )
 from transformers.utils import ModelOutput
 
-try:  # transformers >= 5: initializers that leave loaded weights alone
-    from transformers import initialization as init
-except ImportError:  # pragma: no cover
-    from torch.nn import init
-
-from .configuration_realformer import RealFormerConfig
-
-
-class RealFormerEmbeddings(nn.Module):
-    """Word + (token type) + position embeddings, layer norm, dropout (BERT's), with the
-    fairseq/RoBERTa position rule and padding zeroing when the config asks for them."""
-
-    def __init__(self, config: RealFormerConfig):
-        super().__init__()
-        self.config = config
-        self.padding_idx = config.pad_token_id
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        fairseq_positions = config.position_offset is None
-        self.position_embeddings = nn.Embedding(
-            config.max_position_embeddings, config.hidden_size,
-            padding_idx=config.pad_token_id if fairseq_positions else None,
-        )
-        self.token_type_embeddings = (
-            nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size > 0 else None
-        )
-        self.LayerNorm = (
-            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.embedding_layer_norm else None
-        )
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def position_ids(self, input_ids, length, device):
-        if self.config.position_offset is not None:
-            start = self.config.position_offset
-            return torch.arange(start, start + length, device=device).unsqueeze(0)
-        if input_ids is None:  # inputs_embeds: every position is a real token
-            return torch.arange(self.padding_idx + 1, self.padding_idx + 1 + length, device=device).unsqueeze(0)
-        keep = input_ids.ne(self.padding_idx).long()
-        return torch.cumsum(keep, dim=1) * keep + self.padding_idx  # fairseq's make_positions
-
-    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None, attention_mask=None):
-        if inputs_embeds is None:
-            inputs_embeds = self.word_embeddings(input_ids)
-        batch, length = inputs_embeds.shape[:2]
-        x = inputs_embeds * self.config.embed_scale if self.config.embed_scale != 1.0 else inputs_embeds
-        if self.token_type_embeddings is not None:
-            if token_type_ids is None:
-                token_type_ids = torch.zeros((batch, length), dtype=torch.long, device=x.device)
-            x = x + self.token_type_embeddings(token_type_ids)
-        if position_ids is None:
-            position_ids = self.position_ids(input_ids, length, x.device)
-        x = x + self.position_embeddings(position_ids)
-        if self.LayerNorm is not None:
-            x = self.LayerNorm(x)
-        x = self.dropout(x)
-        if self.config.zero_padding_embeddings and attention_mask is not None:
-            x = x * attention_mask.unsqueeze(-1).to(x.dtype)
-        return x
-
-
-class RealFormerSelfAttention(nn.Module):
-    """BERT's self-attention with the residual scores: returns ``(context, probs, scores)``,
-    ``scores`` the running sum ``A_n`` (float32, unmasked) for the next layer."""
-
-    def __init__(self, config: RealFormerConfig, layer_index: int):
-        super().__init__()
-        self.num_attention_heads = config.num_attention_heads
-        self.attention_head_size = config.hidden_size // config.num_attention_heads
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
-        self.residual = config.residual_attention
-        # mean: divide the sum of n layers' scores by n (layer_index + 1)
-        self.divisor = float(layer_index + 1) if config.residual_attention_mode == "mean" and self.residual else 1.0
-
-    def _heads(self, x):
-        batch, length, _ = x.shape
-        return x.view(batch, length, self.num_attention_heads, self.attention_head_size).transpose(1, 2)
-
-    def forward(self, hidden_states, attention_mask=None, prev_scores=None):
-        q = self._heads(self.query(hidden_states)) * self.attention_head_size ** -0.5
-        k = self._heads(self.key(hidden_states))
-        v = self._heads(self.value(hidden_states))
-        scores = torch.matmul(q, k.transpose(-1, -2)).float()  # [B, H, T, S]
-        if self.residual and prev_scores is not None:
-            scores = scores + prev_scores
-        logits = scores / self.divisor if self.divisor != 1.0 else scores
-        if attention_mask is not None:  # [B, S], 1 = attend
-            padded = attention_mask.eq(0)[:, None, None, :]
-            logits = logits.masked_fill(padded, torch.finfo(logits.dtype).min)
-        probs = torch.softmax(logits, dim=-1)
-        context = torch.matmul(self.dropout(probs).to(v.dtype), v)
-        batch, _, length, _ = context.shape
-        context = context.transpose(1, 2).reshape(batch, length, -1)
-        return context, probs, scores if self.residual else None
-
-
-class RealFormerSelfOutput(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-
-class RealFormerAttention(nn.Module):
-    def __init__(self, config, layer_index):
-        super().__init__()
-        self.self = RealFormerSelfAttention(config, layer_index)
-        self.output = RealFormerSelfOutput(config)
-
-
-class RealFormerIntermediate(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.intermediate_act_fn = ACT2FN[config.hidden_act]
-
-
-class RealFormerOutput(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-
-class RealFormerLayer(nn.Module):
-    """BERT's layer (Post-LN; Pre-LN with ``normalize_before``)."""
-
-    def __init__(self, config, layer_index):
-        super().__init__()
-        self.pre_ln = config.normalize_before
-        self.attention = RealFormerAttention(config, layer_index)
-        self.intermediate = RealFormerIntermediate(config)
-        self.output = RealFormerOutput(config)
-
-    def forward(self, x, attention_mask=None, prev_scores=None):
-        attn_out = self.attention.output
-        h = attn_out.LayerNorm(x) if self.pre_ln else x
-        context, probs, scores = self.attention.self(h, attention_mask, prev_scores)
-        x = attn_out.dropout(attn_out.dense(context)) + x
-        if not self.pre_ln:
-            x = attn_out.LayerNorm(x)
-        out = self.output
-        h = out.LayerNorm(x) if self.pre_ln else x
-        h = self.intermediate.intermediate_act_fn(self.intermediate.dense(h))
-        x = out.dropout(out.dense(h)) + x
-        if not self.pre_ln:
-            x = out.LayerNorm(x)
-        return x, probs, scores
-
-
-class RealFormerEncoder(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.layer = nn.ModuleList([RealFormerLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.final_layer_norm = (
-            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.normalize_before else None
-        )
-
-    def forward(self, x, attention_mask=None, output_attentions=False, output_hidden_states=False):
-        hidden_states = (x,) if output_hidden_states else None
-        attentions = () if output_attentions else None
-        scores = None
-        for layer in self.layer:
-            x, probs, scores = layer(x, attention_mask, scores)
-            if output_hidden_states:
-                hidden_states = hidden_states + (x,)
-            if output_attentions:
-                attentions = attentions + (probs.to(x.dtype),)
-        if self.final_layer_norm is not None:
-            x = self.final_layer_norm(x)
-        return x, hidden_states, attentions
-
-
-class RealFormerPooler(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.activation = ACT2FN[config.pooler_act]
-
-    def forward(self, hidden_states):
-        return self.activation(self.dense(hidden_states[:, 0]))
+from .modeling_realformer_encoder import RealFormerModel, RealFormerPreTrainedModel
 
 
 class RealFormerPredictionHeadTransform(nn.Module):
@@ -228,11 +42,23 @@ class RealFormerPredictionHeadTransform(nn.Module):
 
 
 class RealFormerLMPredictionHead(nn.Module):
+    """Transform, decoder (tied to the word embeddings unless the config unties them) and
+    an output bias per vocabulary entry."""
+
     def __init__(self, config):
         super().__init__()
         self.transform = RealFormerPredictionHeadTransform(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def resize_output_bias(self, rows: int, mean_resizing: bool = True):
+        old = self.bias.data
+        if rows == old.shape[0]:
+            return
+        new = old.new_full((rows,), old.mean().item() if mean_resizing else 0.0)
+        keep = min(rows, old.shape[0])
+        new[:keep] = old[:keep]
+        self.bias = nn.Parameter(new)
 
     def forward(self, x):
         return self.decoder(self.transform(x)) + self.bias
@@ -247,6 +73,15 @@ class RealFormerOnlyMLMHead(nn.Module):
         return self.predictions(sequence_output)
 
 
+class RealFormerOnlyNSPHead(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, pooled_output):
+        return self.seq_relationship(pooled_output)
+
+
 class RealFormerPreTrainingHeads(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -255,18 +90,6 @@ class RealFormerPreTrainingHeads(nn.Module):
 
     def forward(self, sequence_output, pooled_output):
         return self.predictions(sequence_output), self.seq_relationship(pooled_output)
-
-
-class RealFormerPreTrainedModel(PreTrainedModel):
-    config_class = RealFormerConfig
-    base_model_prefix = "realformer"
-    supports_gradient_checkpointing = False
-
-    def _init_weights(self, module):
-        """BERT's: normal(0, initializer_range) weights, zero biases, unit LayerNorms."""
-        super()._init_weights(module)
-        if isinstance(module, RealFormerLMPredictionHead):
-            init.zeros_(module.bias)
 
 
 @dataclass
@@ -280,47 +103,42 @@ class RealFormerForPreTrainingOutput(ModelOutput):
     attentions: Optional[Tuple[torch.FloatTensor, ...]] = None
 
 
-class RealFormerModel(RealFormerPreTrainedModel):
-    """The encoder: ``last_hidden_state`` and ``pooler_output`` (BERT's pooler on the first
-    token); ``attentions`` are each layer's probabilities ``softmax(mask(A_n / c_n))``."""
-
-    def __init__(self, config, add_pooling_layer=True):
-        super().__init__(config)
-        self.embeddings = RealFormerEmbeddings(config)
-        self.encoder = RealFormerEncoder(config)
-        self.pooler = RealFormerPooler(config) if add_pooling_layer else None
-        self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value):
-        self.embeddings.word_embeddings = value
-
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("give exactly one of input_ids and inputs_embeds")
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (output_hidden_states if output_hidden_states is not None
-                                else self.config.output_hidden_states)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, attention_mask)
-        x, hidden_states, attentions = self.encoder(x, attention_mask, output_attentions, output_hidden_states)
-        pooled = self.pooler(x) if self.pooler is not None else None
-        if not return_dict:
-            return tuple(v for v in (x, pooled, hidden_states, attentions) if v is not None)
-        return BaseModelOutputWithPooling(last_hidden_state=x, pooler_output=pooled,
-                                          hidden_states=hidden_states, attentions=attentions)
-
-
 _TIED = {"cls.predictions.decoder.weight": "realformer.embeddings.word_embeddings.weight"}
 
 
-class RealFormerForPreTraining(RealFormerPreTrainedModel):
-    """Masked-LM and next-sentence heads (BERT's ``cls.predictions`` and ``cls.seq_relationship``)."""
+def _dropout(config):
+    return nn.Dropout(config.classifier_dropout if config.classifier_dropout is not None
+                      else config.hidden_dropout_prob)
 
+
+class _Head(RealFormerPreTrainedModel):
+    """The encoder call and the tuple form of the outputs, shared by the heads."""
+
+    def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                output_attentions, output_hidden_states):
+        return self.realformer(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                               output_attentions, output_hidden_states, return_dict=True)
+
+    def _return(self, return_dict, output_class, loss, out, **values):
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if not return_dict:
+            rest = tuple(v for v in (out.hidden_states, out.attentions) if v is not None)
+            return ((loss,) if loss is not None else ()) + tuple(values.values()) + rest
+        return output_class(loss=loss, hidden_states=out.hidden_states, attentions=out.attentions, **values)
+
+
+class _WithMLMHead(_Head):
     _tied_weights_keys = dict(_TIED)
+
+    def get_output_embeddings(self):
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, value):
+        self.cls.predictions.decoder = value
+
+
+class RealFormerForPreTraining(_WithMLMHead):
+    """Masked-LM and next-sentence heads (BERT's ``cls.predictions`` and ``cls.seq_relationship``)."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -328,63 +146,60 @@ class RealFormerForPreTraining(RealFormerPreTrainedModel):
         self.cls = RealFormerPreTrainingHeads(config)
         self.post_init()
 
-    def get_output_embeddings(self):
-        return self.cls.predictions.decoder
-
-    def set_output_embeddings(self, value):
-        self.cls.predictions.decoder = value
-
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels=None, next_sentence_label=None, output_attentions=None,
                 output_hidden_states=None, return_dict=None, **kwargs):
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        out = self.realformer(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                              output_attentions, output_hidden_states, return_dict=True)
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                           output_attentions, output_hidden_states)
         mlm, nsp = self.cls(out.last_hidden_state, out.pooler_output)
         loss = None
         if labels is not None and next_sentence_label is not None:
             loss_fct = CrossEntropyLoss()
-            loss = (loss_fct(mlm.view(-1, self.config.vocab_size), labels.view(-1))
+            loss = (loss_fct(mlm.view(-1, mlm.shape[-1]), labels.view(-1))
                     + loss_fct(nsp.view(-1, 2), next_sentence_label.view(-1)))
-        if not return_dict:
-            rest = tuple(v for v in (out.hidden_states, out.attentions) if v is not None)
-            return ((loss,) if loss is not None else ()) + (mlm, nsp) + rest
-        return RealFormerForPreTrainingOutput(loss=loss, prediction_logits=mlm, seq_relationship_logits=nsp,
-                                              hidden_states=out.hidden_states, attentions=out.attentions)
+        return self._return(return_dict, RealFormerForPreTrainingOutput, loss, out, prediction_logits=mlm,
+                            seq_relationship_logits=nsp)
 
 
-class RealFormerForMaskedLM(RealFormerPreTrainedModel):
-    _tied_weights_keys = dict(_TIED)
-
+class RealFormerForMaskedLM(_WithMLMHead):
     def __init__(self, config):
         super().__init__(config)
         self.realformer = RealFormerModel(config, add_pooling_layer=False)
         self.cls = RealFormerOnlyMLMHead(config)
         self.post_init()
 
-    def get_output_embeddings(self):
-        return self.cls.predictions.decoder
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                           output_attentions, output_hidden_states)
+        logits = self.cls(out.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.view(-1, logits.shape[-1]), labels.view(-1))
+        return self._return(return_dict, MaskedLMOutput, loss, out, logits=logits)
 
-    def set_output_embeddings(self, value):
-        self.cls.predictions.decoder = value
+
+class RealFormerForNextSentencePrediction(_Head):
+    """BERT's: the NSP classifier on the pooled output; class 0 = "B follows A"."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.realformer = RealFormerModel(config)
+        self.cls = RealFormerOnlyNSPHead(config)
+        self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, **kwargs):
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        out = self.realformer(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                              output_attentions, output_hidden_states, return_dict=True)
-        logits = self.cls(out.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size), labels.view(-1))
-        if not return_dict:
-            rest = tuple(v for v in (out.hidden_states, out.attentions) if v is not None)
-            return ((loss,) if loss is not None else ()) + (logits,) + rest
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                           output_attentions, output_hidden_states)
+        logits = self.cls(out.pooler_output)
+        loss = CrossEntropyLoss()(logits.view(-1, 2), labels.view(-1)) if labels is not None else None
+        return self._return(return_dict, NextSentencePredictorOutput, loss, out, logits=logits)
 
 
-class RealFormerForSequenceClassification(RealFormerPreTrainedModel):
+class RealFormerForSequenceClassification(_Head):
     """BERT's: dropout and a linear classifier on the pooled output. ``num_labels == 1``:
     regression (MSE); else cross-entropy, or BCE for ``problem_type="multi_label_classification"``."""
 
@@ -392,17 +207,15 @@ class RealFormerForSequenceClassification(RealFormerPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.realformer = RealFormerModel(config)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = _dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
                 return_dict=None, **kwargs):
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        out = self.realformer(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                              output_attentions, output_hidden_states, return_dict=True)
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                           output_attentions, output_hidden_states)
         logits = self.classifier(self.dropout(out.pooler_output))
         loss = None
         if labels is not None:
@@ -419,11 +232,81 @@ class RealFormerForSequenceClassification(RealFormerPreTrainedModel):
                 loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))
             else:
                 loss = BCEWithLogitsLoss()(logits, labels.to(logits.dtype))
-        if not return_dict:
-            rest = tuple(v for v in (out.hidden_states, out.attentions) if v is not None)
-            return ((loss,) if loss is not None else ()) + (logits,) + rest
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                        attentions=out.attentions)
+        return self._return(return_dict, SequenceClassifierOutput, loss, out, logits=logits)
+
+
+class RealFormerForMultipleChoice(_Head):
+    """BERT's: inputs ``[B, C, T]``; one score per choice from the pooled output, ``logits`` ``[B, C]``."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.realformer = RealFormerModel(config)
+        self.dropout = _dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+
+        def flat(t):
+            return t.reshape((-1,) + t.shape[2:]) if t is not None else None
+
+        out = self._encode(flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(position_ids),
+                           flat(inputs_embeds), output_attentions, output_hidden_states)
+        logits = self.classifier(self.dropout(out.pooler_output)).view(-1, choices)
+        loss = CrossEntropyLoss()(logits, labels) if labels is not None else None
+        return self._return(return_dict, MultipleChoiceModelOutput, loss, out, logits=logits)
+
+
+class RealFormerForTokenClassification(_Head):
+    """BERT's: dropout and a linear classifier on every position; labels -100 are ignored."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.realformer = RealFormerModel(config, add_pooling_layer=False)
+        self.dropout = _dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                           output_attentions, output_hidden_states)
+        logits = self.classifier(self.dropout(out.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))
+        return self._return(return_dict, TokenClassifierOutput, loss, out, logits=logits)
+
+
+class RealFormerForQuestionAnswering(_Head):
+    """BERT's extractive QA: start and end logits per position; positions outside the input are ignored."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.realformer = RealFormerModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, start_positions=None, end_positions=None, output_attentions=None,
+                output_hidden_states=None, return_dict=None, **kwargs):
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                           output_attentions, output_hidden_states)
+        start, end = (t.squeeze(-1).contiguous() for t in self.qa_outputs(out.last_hidden_state).split(1, dim=-1))
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            ignored = start.shape[1]
+            loss_fct = CrossEntropyLoss(ignore_index=ignored)
+            loss = (loss_fct(start, start_positions.view(-1).clamp(0, ignored))
+                    + loss_fct(end, end_positions.view(-1).clamp(0, ignored))) / 2
+        return self._return(return_dict, QuestionAnsweringModelOutput, loss, out, start_logits=start,
+                            end_logits=end)
 
 
 __all__ = [
@@ -431,5 +314,9 @@ __all__ = [
     "RealFormerModel",
     "RealFormerForMaskedLM",
     "RealFormerForPreTraining",
+    "RealFormerForNextSentencePrediction",
     "RealFormerForSequenceClassification",
+    "RealFormerForMultipleChoice",
+    "RealFormerForTokenClassification",
+    "RealFormerForQuestionAnswering",
 ]
