@@ -82,3 +82,24 @@ def test_results_recorded_with_the_switch_off_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=f"--import-results {off}: its runs were trained with {SWITCH}='0'"):
         imports.import_results(str(off), str(data), str(tmp_path / "out"), recipe, log=lambda m: None)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_masked_lm_comparison_trains_with_the_switch_on(tmp_path, monkeypatch):
+    from realformer_nmt.experiments import mlm_compare
+
+    monkeypatch.setenv(SWITCH, "0")
+    (tmp_path / "dict.txt").write_text("a 1\n")
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def run_one(data, backbone, recipe, seed, run_dir, residual_mode, env, log):
+        seen.append(env)
+        raise Stop
+
+    monkeypatch.setattr(mlm_compare, "run_one", run_one)
+    with pytest.raises(Stop):
+        mlm_compare.compare(str(tmp_path), str(tmp_path / "out"), mlm_compare.MLMRecipe(), backbones=("postln",),
+                            log=lambda m: None)
+    assert seen and seen[0][SWITCH] == "1"
