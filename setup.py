@@ -63,6 +63,9 @@ setup(
         # IWSLT'14 as fairseq prepares it: Moses tokenizer/detokenizer and subword-nmt BPE
         "sacremoses>=0.2.0",
         "subword-nmt>=0.3.8",
+        # fairseq logs "Please install tensorboardX" at import without it (every fairseq-* command);
+        # with it, fairseq's --tensorboard-logdir works
+        "tensorboardX",
     ],
     extras_require={"test": ["pytest", "matplotlib", "ruff==0.17.6", "transformers==5.24.0", "protobuf==7.36.2"],
                     "plot": ["matplotlib"],

@@ -10,11 +10,10 @@ registered models), ``fairseq_patches/``, ``data/`` (corpus preparation) and
 ``experiments/`` (benchmarks and comparisons, fronted by ``scripts/``).
 """
 
-from ._import_logging import root_logging_unchanged, silence_tensorboardx_hint
+from ._import_logging import root_logging_unchanged
 from .errors import install_excepthook
 
 install_excepthook()
-silence_tensorboardx_hint()  # before fairseq is imported (see _import_logging)
 
 with root_logging_unchanged():  # fairseq's imports configure the root logger (see _import_logging)
     from . import fairseq_patches  # noqa: E402

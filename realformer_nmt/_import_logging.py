@@ -15,34 +15,13 @@ plugin), nothing changes.
 Not needed once importing fairseq leaves the root logger alone: ``python -c "import logging,
 fairseq.models; print(logging.getLogger().handlers)"`` prints ``[]``.
 
-:func:`silence_tensorboardx_hint` drops the one INFO line fairseq's import logs for a
-speech task this project never uses (``fairseq.tasks.text_to_speech``: "Please install
-tensorboardX"), also where a program configured INFO logging before importing the plugin,
-unless its command line has ``--tensorboard-logdir``. A ``fairseq-*`` command imports
-fairseq before ``--user-dir`` loads the plugin, so the line it prints first is fairseq's and
-stays (installing ``tensorboardX`` removes it).
+fairseq's import-time "Please install tensorboardX" line (``fairseq.tasks.text_to_speech``,
+on every ``fairseq-*`` command, before any plugin loads) is gone because ``tensorboardX`` is a
+dependency of this package (setup.py); with it, fairseq's ``--tensorboard-logdir`` works too.
 """
 
 import contextlib
 import logging
-import sys
-
-TENSORBOARDX_HINT = "Please install tensorboardX"
-TENSORBOARDX_HINT_LOGGER = "fairseq.tasks.text_to_speech"
-
-
-class _NoTensorboardXHint(logging.Filter):
-    def filter(self, record):
-        asked = any(arg.startswith("--tensorboard-logdir") for arg in sys.argv)
-        return asked or not str(record.msg).startswith(TENSORBOARDX_HINT)
-
-
-def silence_tensorboardx_hint():
-    """Drop fairseq's import-time "Please install tensorboardX" line (idempotent); call it
-    before fairseq is imported."""
-    logger = logging.getLogger(TENSORBOARDX_HINT_LOGGER)
-    if not any(isinstance(f, _NoTensorboardXHint) for f in logger.filters):
-        logger.addFilter(_NoTensorboardXHint())
 
 
 @contextlib.contextmanager

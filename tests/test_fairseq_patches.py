@@ -138,5 +138,11 @@ def test_importing_the_plugin_leaves_root_logging_alone():
     proc = subprocess.run([sys.executable, "-c", configured], capture_output=True, text=True, timeout=300,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.stdout.strip().splitlines()[-1] == "1 INFO", proc.stdout
-    # fairseq's import-time "Please install tensorboardX" (a speech task's INFO line) is dropped (issue 38)
+    # fairseq's import-time "Please install tensorboardX" (a speech task's INFO line) is not printed, also
+    # where fairseq is imported with INFO logging on before any plugin loads, as every fairseq-* command does
+    assert "Please install tensorboardX" not in proc.stdout + proc.stderr
+    fairseq_cli = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
+                   "import fairseq.tasks, fairseq.models; print('imported')")
+    proc = subprocess.run([sys.executable, "-c", fairseq_cli], capture_output=True, text=True, timeout=300)
+    assert proc.stdout.strip().splitlines()[-1] == "imported", proc.stdout + proc.stderr
     assert "Please install tensorboardX" not in proc.stdout + proc.stderr
