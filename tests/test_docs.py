@@ -577,29 +577,32 @@ def fairseq_namespace(tool, words):
     return vars(options.parse_args_and_arch(parser, [str(w) for w in words]))
 
 
-def test_readme_demo_paragraph_says_what_a_slow_machine_gets():
+def test_readme_demo_paragraph_says_what_a_slow_machine_gets(monkeypatch):
     import importlib
 
     demo = importlib.import_module("realformer_nmt.cli.run_demo")  # what scripts/run_demo.py runs
     text = " ".join(section("README.md", "Two commands on a fresh machine").split())
     defaults = demo.parse_args([])
-    assert f"{defaults.max_minutes:g}-minute training cap (`--max-minutes`" in text
-    assert f"`TRAINING STOPPED EARLY: <n> of {defaults.max_update} updates" in text
-    assert "TRAINING STOPPED EARLY: {report['num_updates']} of {report['max_update']} updates" in \
+    assert f"{defaults.max_update} updates" in text and f"capped at {defaults.max_minutes:g} minutes" in text
+    assert "`UNDERTRAINED: ...`" in text and 'print(f"UNDERTRAINED: training stopped early' in \
         (REPO / "realformer_nmt" / "cli" / "run_demo.py").read_text(encoding="utf-8")
-    assert f"exits with status {demo.EXIT_STOPPED_EARLY}" in text
-    assert '"stopped_early": true' in text and "continues from `checkpoint_last.pt`" in text
+    monkeypatch.setenv("MAKELEVEL", "1")  # the command the demo prints under `make demo`, verbatim
+    assert f"`{demo.continue_command(defaults)}` (no cap; it continues from `checkpoint_last.pt`)" in text
+    # make's own report of a failed recipe: "Error <the demo's status>", and make exits 2
+    line = next(n for n, row in enumerate((REPO / "Makefile").read_text().splitlines(), 1) if row == "demo: setup")
+    assert f"`make: *** [Makefile:{line + 1}: demo] Error 1` and exit status 2" in text
+    assert "set-up takes about 5 minutes" in text
 
 
-def test_readme_multi30k_quick_start_is_the_cpu_recipe_of_the_results(monkeypatch):
-    """The quick start's fairseq-train is the realformer run of results/multi30k_en_de.json
+def test_translation_docs_give_the_cpu_recipe_of_the_results(monkeypatch):
+    """docs/translation.md's comparison recipe is the realformer run of results/multi30k_en_de.json
     (same parsed configuration, paths aside), and its fairseq-generate bounds the output as
     the harness does."""
     monkeypatch.chdir(REPO)
     import json
 
     recipe = json.loads((REPO / "results" / "multi30k_en_de.json").read_text(encoding="utf-8"))["recipe"]
-    blocks, _ = split_markdown(section("README.md", "Quick start: translation"))
+    blocks, _ = split_markdown(section("docs/translation.md", "The CPU recipe of the comparison (Multi30k)"))
     found = {words[0]: words for lang, _, code in blocks if lang == "bash"
              for words, _ in commands(code) if words and words[0] in ("fairseq-train", "fairseq-generate")}
     readme = fairseq_namespace("fairseq-train", found["fairseq-train"][1:])
@@ -608,7 +611,7 @@ def test_readme_multi30k_quick_start_is_the_cpu_recipe_of_the_results(monkeypatc
                                                   "--user-dir", "realformer_nmt"])
     differ = {k: (readme.get(k), results.get(k)) for k in set(readme) | set(results)
               if k not in ("save_dir", "log_format", "log_interval") and readme.get(k) != results.get(k)}
-    assert not differ, f"README's CPU command differs from the results' recipe: {differ}"
+    assert not differ, f"the docs' CPU command differs from the results' recipe: {differ}"
     generate = found["fairseq-generate"]
     flags = recipe["generate_flags"]
     for flag in ("--max-len-a", "--max-len-b", "--beam", "--remove-bpe"):

@@ -1,9 +1,11 @@
-"""Small helpers the commands share (argparse types, JSON output, the plugin's folder)."""
+"""Small helpers the commands share: argparse types and flags, the preamble of a command's
+``main`` (one-line errors, fairseq's import quieted, JSON output), the plugin's folder."""
 
 import argparse
 import json
 import logging
 import os
+import sys
 import warnings
 
 
@@ -56,6 +58,50 @@ def quiet_fairseq_import():
     usage off a command's output."""
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
     warnings.filterwarnings("ignore", message=r"(?s).*(hydra|Hydra|ConfigStore|version_base|package header)")
+
+
+def fail(name, message, status=2):
+    """Print ``<name>: error: <message>`` (argparse's one-line form) to stderr; return ``status``."""
+    print(f"{name}: error: {message}", file=sys.stderr)
+    return status
+
+
+def run_command(name, work, problem=None, json_path=None, show=None, status=2):
+    """What a command's ``main`` does once its flags are parsed; returns the exit status.
+
+    ``problem``: the one-line error of a check made before the slow import of fairseq (or
+    None). Then fairseq's import is quieted and ``work()`` runs; a ``RealFormerError`` it
+    raises is printed as one line and gives ``status``. Its result is shown by ``show``
+    (default: printed as JSON, also written to ``json_path`` when given) and gives 0.
+    """
+    if problem:
+        return fail(name, problem, status)
+    quiet_fairseq_import()
+    from realformer_nmt.errors import RealFormerError
+
+    try:
+        result = work()
+    except RealFormerError as exc:
+        return fail(name, exc, status)
+    if show is None:
+        emit_json(result, json_path)
+    else:
+        show(result)
+    return 0
+
+
+def add_device_flags(group):
+    """--device, --no-fp16, --threads and --jobs of the commands that train several runs."""
+    group.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                       help="cpu passes --cpu; cuda trains on the GPU with --fp16 (default: cpu)")
+    group.add_argument("--no-fp16", action="store_true", help="with --device cuda: train in float32")
+    group.add_argument("--threads", type=int, default=None,
+                       help="OMP_NUM_THREADS for each fairseq process (default: inherited with --jobs 1, "
+                            "else the cores shared out between the jobs). On a shared CPU, 1 avoids threads "
+                            "spinning against other jobs")
+    group.add_argument("--jobs", type=int, default=1,
+                       help="train this many runs at once (default: 1; results do not depend on it; 2 uses "
+                            "both cores of a 2-core machine with one thread each)")
 
 
 def exit_zero(main):

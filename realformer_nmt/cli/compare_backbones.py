@@ -102,13 +102,12 @@ marks them "not run"; the same command without it trains the missing runs.
 """
 
 import argparse
-import logging
 import os
 import shlex
 import sys
 import time
 
-from ._common import comma_list
+from ._common import add_device_flags, comma_list, run_command
 
 BACKBONES = ("postln", "preln", "realformer")
 VARIANTS = BACKBONES + ("realformer_mean", "realformer_preln", "realformer_encoder", "realformer_decoder",
@@ -189,16 +188,7 @@ def parse_args(argv=None):
                             "(e.g. \"--update-freq 2\")")
 
     dev = p.add_argument_group("device")
-    dev.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                     help="cpu passes --cpu; cuda trains on the GPU with --fp16 (default: cpu)")
-    dev.add_argument("--no-fp16", action="store_true", help="with --device cuda: train in float32")
-    dev.add_argument("--threads", type=int, default=None,
-                     help="OMP_NUM_THREADS for each fairseq process (default: inherited with --jobs 1, "
-                          "else the cores shared out between the jobs). On a shared CPU, 1 avoids threads "
-                          "spinning against other jobs")
-    dev.add_argument("--jobs", type=int, default=1,
-                     help="train this many runs at once (default: 1; 2 uses both cores of a 2-core machine "
-                          "with one thread each)")
+    add_device_flags(dev)
     dev.add_argument("--bootstrap-samples", type=int, default=1000,
                      help="resamples of the paired bootstrap test against Post-LN (default: %(default)s)")
 
@@ -281,58 +271,52 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
-    from realformer_nmt.errors import RealFormerError
+    return run_command("compare_backbones.py", lambda: study(args), show=print, status=1)
+
+
+def study(args):
+    """Train what ``args`` asks for; returns the study's Markdown table."""
     from realformer_nmt.experiments import compare
 
     def log(message):
         print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
 
-    try:
-        recipe = compare.Recipe(
-            size=args.size, layers=args.layers, embed_dim=args.embed_dim, ffn_dim=args.ffn_dim, heads=args.heads,
-            lr=args.lr, warmup_updates=args.warmup_updates, max_update=args.max_update,
-            max_minutes=args.max_minutes, max_tokens=args.max_tokens, dropout=args.dropout,
-            weight_decay=args.weight_decay, label_smoothing=args.label_smoothing, clip_norm=args.clip_norm,
-            validate_interval_updates=args.validate_interval_updates, device=args.device,
-            fp16=False if args.no_fp16 else None, select_by_bleu=args.select_by_bleu, beam=args.beam,
-            log_interval=args.log_interval,
-            extra=shlex.split(args.train_args))
-        common = dict(seeds=args.seeds, residual_mode=args.residual_attention_mode,
-                      references=args.references, results_path=args.results, machine_note=args.machine_note,
-                      threads=args.threads, log=log, title=args.title, jobs=args.jobs)
-        if args.import_results:
-            from realformer_nmt.experiments.translation.imports import import_results
+    recipe = compare.Recipe(
+        size=args.size, layers=args.layers, embed_dim=args.embed_dim, ffn_dim=args.ffn_dim, heads=args.heads,
+        lr=args.lr, warmup_updates=args.warmup_updates, max_update=args.max_update,
+        max_minutes=args.max_minutes, max_tokens=args.max_tokens, dropout=args.dropout,
+        weight_decay=args.weight_decay, label_smoothing=args.label_smoothing, clip_norm=args.clip_norm,
+        validate_interval_updates=args.validate_interval_updates, device=args.device,
+        fp16=False if args.no_fp16 else None, select_by_bleu=args.select_by_bleu, beam=args.beam,
+        log_interval=args.log_interval,
+        extra=shlex.split(args.train_args))
+    common = dict(seeds=args.seeds, residual_mode=args.residual_attention_mode,
+                  references=args.references, results_path=args.results, machine_note=args.machine_note,
+                  threads=args.threads, log=log, title=args.title, jobs=args.jobs)
+    if args.import_results:
+        from realformer_nmt.experiments.translation.imports import import_results
 
-            import_results(args.import_results, args.data, args.out, recipe, args.residual_attention_mode,
-                           study="depth" if args.depth_stress else "stability" if args.stability_limit
-                           else "compare", log=log, depth=args.depths[0] if args.stability_limit else None)
-        if args.lr_sweep:
-            summary = compare.lr_sweep(args.data, args.out, recipe, args.lrs, normal_lr=args.normal_lr,
-                                       margin=args.divergence_margin, backbones=args.backbones, **common)
-            print(compare.sweep_markdown(summary))
-        elif args.depth_stress:
-            summary = compare.depth_stress(args.data, args.out, recipe, depths=args.depths,
-                                           backbones=args.backbones, margin=args.divergence_margin, **common)
-            print(compare.depth_markdown(summary))
-        elif args.stability_limit:
-            summary = compare.stability_limit(args.data, args.out, recipe, args.lrs, depth=args.depths[0],
-                                              backbones=args.backbones, margin=args.divergence_margin,
-                                              report_only=args.report_only, **common)
-            print(compare.stability_markdown(summary))
-        elif args.path_ablation:
-            summary = compare.path_ablation(args.data, args.out, recipe, bootstrap_samples=args.bootstrap_samples,
-                                            **common)
-            print(compare.ablation_markdown(summary))
-        else:
-            summary = compare.compare(args.data, args.out, recipe, backbones=args.backbones,
-                                      bootstrap_samples=args.bootstrap_samples, report_only=args.report_only,
-                                      **common)
-            print(compare.comparison_markdown(summary))
-    except RealFormerError as exc:
-        print(f"compare_backbones.py: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        import_results(args.import_results, args.data, args.out, recipe, args.residual_attention_mode,
+                       study="depth" if args.depth_stress else "stability" if args.stability_limit
+                       else "compare", log=log, depth=args.depths[0] if args.stability_limit else None)
+    if args.lr_sweep:
+        return compare.sweep_markdown(compare.lr_sweep(
+            args.data, args.out, recipe, args.lrs, normal_lr=args.normal_lr, margin=args.divergence_margin,
+            backbones=args.backbones, **common))
+    if args.depth_stress:
+        return compare.depth_markdown(compare.depth_stress(
+            args.data, args.out, recipe, depths=args.depths, backbones=args.backbones,
+            margin=args.divergence_margin, **common))
+    if args.stability_limit:
+        return compare.stability_markdown(compare.stability_limit(
+            args.data, args.out, recipe, args.lrs, depth=args.depths[0], backbones=args.backbones,
+            margin=args.divergence_margin, report_only=args.report_only, **common))
+    if args.path_ablation:
+        return compare.ablation_markdown(compare.path_ablation(
+            args.data, args.out, recipe, bootstrap_samples=args.bootstrap_samples, **common))
+    return compare.comparison_markdown(compare.compare(
+        args.data, args.out, recipe, backbones=args.backbones, bootstrap_samples=args.bootstrap_samples,
+        report_only=args.report_only, **common))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import argparse
 import shlex
 import sys
 
-from ._common import comma_list
+from ._common import add_device_flags, comma_list, run_command
 
 BACKBONES = ("postln", "preln", "realformer")
 
@@ -56,25 +56,18 @@ def parse_args(argv=None):
                    help="validation batches per evaluation during training: a fixed subset (default: %(default)s)")
     p.add_argument("--dropout", type=float, default=0.1, help="(default: %(default)s)")
     p.add_argument("--attention-dropout", type=float, default=0.1, help="(default: %(default)s)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="cuda drops --cpu and adds --fp16 (default: %(default)s)")
-    p.add_argument("--no-fp16", action="store_true", help="with --device cuda: train in float32")
     p.add_argument("--train-args", default="", help="extra fairseq-train flags for every backbone alike (one string)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="OMP_NUM_THREADS for each fairseq run (default: inherited with --jobs 1, else the "
-                        "cores shared out between the jobs)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="train this many runs at once (default: 1; results do not depend on it)")
+    add_device_flags(p)
     p.add_argument("--machine-note", default="", help="a note stored with the machine description")
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    from realformer_nmt.errors import RealFormerError
-    from realformer_nmt.experiments import mlm_compare
 
-    try:
+    def study():
+        from realformer_nmt.experiments import mlm_compare
+
         recipe = mlm_compare.MLMRecipe(
             objective=args.objective, layers=args.layers, embed_dim=args.embed_dim, ffn_dim=args.ffn_dim,
             heads=args.heads, tokens_per_sample=args.tokens_per_sample, batch_size=args.batch_size, lr=args.lr,
@@ -83,17 +76,14 @@ def main(argv=None):
             dropout=args.dropout, attention_dropout=args.attention_dropout, device=args.device,
             fp16=False if args.no_fp16 else None, extra=shlex.split(args.train_args),
         )
-        summary = mlm_compare.compare(
+        return mlm_compare.comparison_markdown(mlm_compare.compare(
             args.data, args.out, recipe, backbones=args.backbones, seeds=args.seeds,
             residual_mode=args.residual_attention_mode, results_path=args.results,
             machine_note=args.machine_note, threads=args.threads, log=lambda m: print(m, flush=True),
             jobs=args.jobs,
-        )
-    except RealFormerError as exc:
-        print(f"compare_mlm_backbones.py: error: {exc}", file=sys.stderr)
-        return 2
-    print(mlm_compare.comparison_markdown(summary))
-    return 0
+        ))
+
+    return run_command("compare_mlm_backbones.py", study, show=print)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import argparse
 import logging
 import sys
 
-from ._common import emit_json, input_output_error, quiet_fairseq_import
+from ._common import input_output_error, run_command
 
 
 def parse_args(argv=None):
@@ -43,30 +43,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def fail(message):
-    print(f"convert_google_checkpoint.py: error: {message}", file=sys.stderr)
-    return 2
-
-
 def main(argv=None):
     args = parse_args(argv)
-    error = input_output_error(args.source, args.out)  # before the slow import of fairseq
-    if error:
-        return fail(error)
-    quiet_fairseq_import()
-    from realformer_nmt.errors import RealFormerError
-    from realformer_nmt.models.realformer_bert import google_checkpoint
 
-    logging.getLogger("realformer_nmt").setLevel(logging.INFO)
-    try:
-        summary = google_checkpoint.convert(
-            args.source, args.out, checkpoint=args.checkpoint, ignore=args.ignore_variables,
-            verify=not args.no_verify, reader=args.reader,
-        )
-    except RealFormerError as e:
-        return fail(str(e))
-    emit_json(summary)
-    return 0
+    def convert():
+        from realformer_nmt.models.realformer_bert import google_checkpoint
+
+        logging.getLogger("realformer_nmt").setLevel(logging.INFO)
+        return google_checkpoint.convert(args.source, args.out, checkpoint=args.checkpoint,
+                                         ignore=args.ignore_variables, verify=not args.no_verify, reader=args.reader)
+
+    return run_command("convert_google_checkpoint.py", convert, problem=input_output_error(args.source, args.out))
 
 
 if __name__ == "__main__":

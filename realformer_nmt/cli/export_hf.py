@@ -27,7 +27,7 @@ pip install -e '.[hf]'. Re-running overwrites OUT's files.
 import argparse
 import sys
 
-from ._common import emit_json, input_output_error, quiet_fairseq_import
+from ._common import input_output_error, run_command
 
 
 def parse_args(argv=None):
@@ -47,28 +47,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def fail(message):
-    print(f"export_hf.py: error: {message}", file=sys.stderr)
-    return 2
-
-
 def main(argv=None):
     args = parse_args(argv)
-    error = input_output_error(args.checkpoint, args.out)  # before the slow import of fairseq
-    if error:
-        return fail(error)
-    quiet_fairseq_import()
-    from realformer_nmt.errors import RealFormerError
-    from realformer_nmt.models.realformer_bert import hf_export
 
-    try:
-        summary = hf_export.export(args.checkpoint, args.out, data=args.data,
-                                   sentencepiece_model=args.sentencepiece_model, head=args.head,
-                                   log=lambda m: print(m, file=sys.stderr, flush=True))
-    except RealFormerError as e:
-        return fail(str(e))
-    emit_json(summary)
-    return 0
+    def export():
+        from realformer_nmt.models.realformer_bert import hf_export
+
+        return hf_export.export(args.checkpoint, args.out, data=args.data,
+                                sentencepiece_model=args.sentencepiece_model, head=args.head,
+                                log=lambda m: print(m, file=sys.stderr, flush=True))
+
+    return run_command("export_hf.py", export, problem=input_output_error(args.checkpoint, args.out))
 
 
 if __name__ == "__main__":

@@ -25,11 +25,10 @@ data-bin/iwslt14.tokenized.de-en) gets the binaries with separate dictionaries, 
 """
 
 import argparse
-import logging
 import os
 import sys
 
-from ._common import emit_json
+from ._common import run_command
 
 DEFAULT_DEST = {"synthetic": os.path.join("data-bin", "demo_en_de"),
                 "multi30k": os.path.join("data-bin", "multi30k_{src}_{tgt}"),
@@ -101,29 +100,19 @@ def check_args(args):
     return None
 
 
-def fail(message):
-    print(f"prepare_data.py: error: {message}", file=sys.stderr)
-    return 2
-
-
 def main(argv=None):
     args = parse_args(argv)
-    problem = check_args(args)  # before the slow import of fairseq
-    if problem:
-        return fail(problem)
-    logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
-    from realformer_nmt.data import corpora
 
-    sizes = {"n_train": args.n_train} if args.n_train != 20000 else None
-    try:
-        summary = corpora.prepare(args.corpus, args.dest, raw_dir=args.raw_dir, download=args.download,
-                                  vocab_size=args.vocab_size, work_dir=args.work_dir, seed=args.seed,
-                                  synthetic_sizes=sizes, model_type=args.model_type, src=args.src, tgt=args.tgt,
-                                  bpe_merges=args.bpe_merges, workers=args.workers)
-    except corpora.DataError as exc:
-        return fail(exc)
-    emit_json(summary, args.json)
-    return 0
+    def prepare():
+        from realformer_nmt.data import corpora
+
+        sizes = {"n_train": args.n_train} if args.n_train != 20000 else None
+        return corpora.prepare(args.corpus, args.dest, raw_dir=args.raw_dir, download=args.download,
+                               vocab_size=args.vocab_size, work_dir=args.work_dir, seed=args.seed,
+                               synthetic_sizes=sizes, model_type=args.model_type, src=args.src, tgt=args.tgt,
+                               bpe_merges=args.bpe_merges, workers=args.workers)
+
+    return run_command("prepare_data.py", prepare, problem=check_args(args), json_path=args.json)
 
 
 if __name__ == "__main__":

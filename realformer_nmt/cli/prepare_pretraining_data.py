@@ -15,11 +15,10 @@ when the inputs and settings are unchanged. The summary is printed as JSON.
 """
 
 import argparse
-import logging
 import os
 import sys
 
-from ._common import emit_json
+from ._common import run_command
 
 
 def parse_args(argv=None):
@@ -44,29 +43,20 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def fail(message):
-    print(f"prepare_pretraining_data.py: error: {message}", file=sys.stderr)
-    return 2
-
-
 def main(argv=None):
     args = parse_args(argv)
-    if not os.path.isdir(args.raw_dir):  # before the slow import of fairseq
-        return fail(f"--raw-dir {args.raw_dir} is not a directory")
-    logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
-    from realformer_nmt.data import pretraining
-    from realformer_nmt.errors import DataError
 
-    try:
-        summary = pretraining.prepare_pretraining(
+    def prepare():
+        from realformer_nmt.data import pretraining
+
+        return pretraining.prepare_pretraining(
             args.raw_dir, args.out, vocab_size=args.vocab_size, work_dir=args.work_dir,
             train_file=args.train_file, valid_file=args.valid_file, model_type=args.model_type,
             full_vocabulary=args.full_vocabulary,
         )
-    except DataError as exc:
-        return fail(exc)
-    emit_json(summary, args.json)
-    return 0
+
+    problem = None if os.path.isdir(args.raw_dir) else f"--raw-dir {args.raw_dir} is not a directory"
+    return run_command("prepare_pretraining_data.py", prepare, problem=problem, json_path=args.json)
 
 
 if __name__ == "__main__":
