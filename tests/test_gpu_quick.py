@@ -144,7 +144,8 @@ def test_ddp_step_stays_inside_its_cap_and_reports_a_hung_run(tmp_path, monkeypa
         return {"returncodes": [-9, -9], "logs": logs, "seconds": timeout, "devices": None}
 
     monkeypatch.setattr(distributed_runs, "train_ranks", hung)
-    monkeypatch.setattr(gpu_check, "time", types.SimpleNamespace(time=lambda: clock[0]))
+    for module in (gpu_check.runner, gpu_check.ddp_step):  # the step's clock and the ranks' shares
+        monkeypatch.setattr(module, "time", types.SimpleNamespace(time=lambda: clock[0]))
     ctx = gpu_check.GpuCheck(out=str(tmp_path / "out"), work=str(tmp_path / "work"), dry_run=True)
     monkeypatch.setattr(ctx, "ensure_data", lambda: None)
     record = ctx.run(["ddp"])["ddp"]
