@@ -44,13 +44,13 @@ from .estimators import BIN_WIDTH, QUARTILES, STATISTICS, LayerStream, entropy, 
 from .histograms import Histogram, TypeStats
 from .plots import plot_violins
 from .recording import (
-                        ATTENTION_TYPES,
-                        attention_modules,
-                        attention_probabilities,
-                        forward,
-                        model_inputs,
-                        recording_attention,
-                        restore_masked_tokens,
+    ATTENTION_TYPES,
+    attention_modules,
+    attention_probabilities,
+    forward,
+    model_inputs,
+    recording_attention,
+    restore_masked_tokens,
 )
 from .report import SUMMARY_KEYS, layer_summary, summary_markdown, write_json
 

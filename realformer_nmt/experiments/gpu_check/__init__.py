@@ -53,22 +53,24 @@ command works. Paths in the JSON are relative to the working directory.
 # quick (--quick), targets (what is judged against), report (summary.md), cli (the command).
 
 from .cli import main, parse_args
+from .records import check, step_status
+from .report import quick_markdown
 from .runner import GpuCheck
 from .settings import (
-                       DDP_BACKENDS,
-                       DDP_MARGIN_SECONDS,
-                       DRY,
-                       FP16_LOSS_TOLERANCE,
-                       QUICK_DRY,
-                       QUICK_DRY_KERNELS,
-                       QUICK_KERNELS,
-                       QUICK_SECTIONS,
-                       REAL,
-                       SPEED_TARGETS,
-                       STEP_SECONDS,
-                       STEPS,
+    DDP_BACKENDS,
+    DDP_MARGIN_SECONDS,
+    DRY,
+    FP16_LOSS_TOLERANCE,
+    QUICK_DRY,
+    QUICK_DRY_KERNELS,
+    QUICK_KERNELS,
+    QUICK_SECTIONS,
+    REAL,
+    SPEED_TARGETS,
+    STEP_SECONDS,
+    STEPS,
 )
 
 __all__ = ["DDP_BACKENDS", "DDP_MARGIN_SECONDS", "DRY", "FP16_LOSS_TOLERANCE", "QUICK_DRY", "QUICK_DRY_KERNELS",
-           "QUICK_KERNELS", "QUICK_SECTIONS", "REAL", "SPEED_TARGETS", "STEP_SECONDS", "STEPS", "GpuCheck", "main",
-           "parse_args"]
+           "QUICK_KERNELS", "QUICK_SECTIONS", "REAL", "SPEED_TARGETS", "STEP_SECONDS", "STEPS", "GpuCheck", "check",
+           "main", "parse_args", "quick_markdown", "step_status"]

@@ -61,7 +61,7 @@ class QuickCheck:
                 t0 = time.time()
                 checks = getattr(self, f"quick_{section}")(q, max(60.0, QUICK_SECONDS - spent))
                 self.log(f"quick: {section}: {step_status(checks)} in {time.time() - t0:.0f}s")
-            record["sections"][section] = {"status": step_status(checks),
+            record["sections"][section] = {"status": step_status(checks), "ran": self.what_ran(section, checks, q),
                                            "seconds": round(time.time() - start - spent, 1), "checks": checks}
             record["seconds"] = round(time.time() - start, 1)
             record["status"] = step_status([c for sec in record["sections"].values() for c in sec["checks"]])
@@ -118,8 +118,8 @@ class QuickCheck:
                 status, reason = ("passed", None) if diff <= FP16_LOSS_TOLERANCE else (
                     "failed", f"{100 * diff:.2f}% from fp32")
                 if self.dry_run:
-                    status, reason = "passed", (f"dry run: {100 * diff:.2f}% after {QUICK_DRY.train_updates} toy "
-                                                "updates on CPU, reported, not judged")
+                    status, reason = "reported", (f"dry run: {100 * diff:.2f}% after {QUICK_DRY.train_updates} toy "
+                                                  "updates on CPU, reported, not judged")
                 out.append(check(name, status, reason, precision=precision, kernel=kernel, valid_loss=loss,
                                  fp32_valid_loss=base, relative=diff))
         return out

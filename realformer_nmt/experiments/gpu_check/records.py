@@ -1,6 +1,14 @@
 """The check records every step writes (``check(name, status, reason, **details)``), how a
 step's status follows from them, and paths and commands as the JSON keeps them (relative,
-no machine paths)."""
+no machine paths).
+
+A check's status is ``passed`` or ``failed`` when it was judged against its target,
+``reported`` when a value was measured and recorded but not judged (the dry run's bf16
+distance to fp32 after a few toy updates; the SDPA backend off CUDA), ``skipped`` when it
+did not run here (fp16 training without CUDA). A step's or section's status counts the
+judged checks only: ``failed`` if one failed, ``passed`` if one passed and none failed;
+with none judged, ``reported`` or ``skipped``.
+"""
 
 import os
 import shlex
@@ -30,13 +38,24 @@ def check(name, status, reason=None, **details):
     return {"name": name, "status": status, "reason": reason, **details}
 
 
+JUDGED = ("passed", "failed")
+
+
 def step_status(checks) -> str:
+    """The status of a step or section: of its judged checks only (see the docstring)."""
     statuses = {c["status"] for c in checks}
-    if "failed" in statuses:
-        return "failed"
-    if statuses <= {"skipped"}:
-        return "skipped"
-    return "passed"
+    for status in ("failed", "passed", "reported"):
+        if status in statuses:
+            return status
+    return "skipped"
+
+
+def status_counts(checks) -> str:
+    """``"3 passed, 2 reported, 4 skipped"``: how many checks have each status."""
+    counts = {}
+    for c in checks:
+        counts[c["status"]] = counts.get(c["status"], 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in counts.items())
 
 
 def _clear_run(run_dir):

@@ -1,9 +1,8 @@
 """``summary.md``: the ``--quick`` part (from ``quick.json``) and the full check's part
 (from the steps' JSON, the speed tables and the kernel rule), with the targets."""
 
-
-
 from .. import fairseq_runs
+from .records import status_counts
 from .settings import QUICK_SECTIONS, STEPS
 from .targets import loss_targets, speed_targets
 
@@ -29,15 +28,19 @@ def quick_markdown(record) -> str:
              f"`{record.get('command')}` on {record.get('device')}: **{record.get('status')}** in "
              f"{record.get('seconds')}s (budget {record.get('budget_seconds')}s). Details: `quick.json` "
              "next to this file; docs/gpu.md says how to read it.", "",
-             "| section | status | seconds | failed checks |", "| --- | --- | --- | --- |"]
+             "A status counts the judged checks only: `reported` is measured, not judged; `skipped` did "
+             "not run here.", "",
+             "| section | status | seconds | what ran | checks | failed checks |",
+             "| --- | --- | --- | --- | --- | --- |"]
     sections = record.get("sections", {})
     for name in QUICK_SECTIONS:
         sec = sections.get(name)
         if sec is None:
-            lines.append(f"| {name} | not run | - | |")
+            lines.append(f"| {name} | not run | - | | | |")
             continue
         failed = "; ".join(f"{c['name']}: {c['reason']}" for c in sec["checks"] if c["status"] == "failed")
-        lines.append(f"| {name} | {sec['status']} | {sec['seconds']:.0f} | {_cell(failed[:500])} |")
+        lines.append(f"| {name} | {sec['status']} | {sec['seconds']:.0f} | {_cell(sec.get('ran', '-'))} | "
+                     f"{status_counts(sec['checks'])} | {_cell(failed[:500])} |")
     exact = sections.get("exactness")
     if exact:
         lines += ["", "## exactness (float32, per parameter tensor, relative error <= 1e-4)", "",
@@ -92,7 +95,7 @@ def quick_markdown(record) -> str:
                 lines.append(f"- {c['name']}: {c['status']}" + (f" ({c['reason']})" if c.get("reason") else ""))
     ddp = sections.get("ddp")
     if ddp:
-        lines += ["", "## two ranks on one GPU", ""]
+        lines += ["", "## two ranks", "", f"Ran: {ddp.get('ran', '-')}.", ""]
         for c in ddp["checks"]:
             losses = ", ".join(f"{x:.2f}" for _, x in c.get("train_losses", []))
             lines.append(f"- {c['name']}: {c['status']}" + (f" ({c['reason']})" if c.get("reason") else "")
@@ -111,14 +114,13 @@ def summary_markdown(records, ctx) -> str:
         if r is None:
             lines.append(f"| {step} | not run | - | - | |")
             continue
-        counts = {}
-        for c in r["checks"]:
-            counts[c["status"]] = counts.get(c["status"], 0) + 1
-        notes = [", ".join(f"{n} {status}" for status, n in counts.items())] if len(r["checks"]) > 1 else []
+        notes = [r["ran"]] if r.get("ran") else []
+        notes += [status_counts(r["checks"])] if len(r["checks"]) > 1 else []
         notes += [f"{c['name']}: {c['reason']}" for c in r["checks"] if c["status"] == "failed"]
         skipped = sorted({c["reason"] for c in r["checks"] if c["status"] == "skipped"})
         notes += [f"skipped: {'; '.join(skipped)}"] if skipped else []
         notes += [c["reason"] for c in r["checks"] if c["status"] == "passed" and c.get("reason")]
+        notes += [f"reported, not judged: {c['name']}: {c['reason']}" for c in r["checks"] if c["status"] == "reported"]
         note = "; ".join(notes)
         if len(note) > 600:
             note = note[:600] + " ..."
@@ -154,7 +156,8 @@ def summary_markdown(records, ctx) -> str:
 
     ddp = records.get("ddp")
     if ddp:
-        lines += ["", "## ddp (two ranks, gloo)", "", "| run | status | seconds | train losses |",
+        lines += ["", "## ddp (two ranks, gloo)", "", f"Ran: {ddp.get('ran', '-')}.", "",
+                  "| run | status | seconds | train losses |",
                   "| --- | --- | --- | --- |"]
         for c in ddp["checks"]:
             losses = ", ".join(f"{x:.2f}" for _, x in c.get("train_losses", []))

@@ -80,7 +80,8 @@ class GpuCheck(TestsStep, TrainStep, DdpStep, SpeedStep, QuickCheck):
                 start = time.time()
                 checks = getattr(self, f"step_{step}")()
                 record = {
-                    "step": step, "status": step_status(checks), "dry_run": self.dry_run,
+                    "step": step, "status": step_status(checks), "ran": self.what_ran(step, checks),
+                    "dry_run": self.dry_run,
                     "device": self.device_description(), "seconds": round(time.time() - start, 1),
                     "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                     "command": "python -m realformer_nmt.experiments.gpu_check --steps " + step
@@ -92,6 +93,32 @@ class GpuCheck(TestsStep, TrainStep, DdpStep, SpeedStep, QuickCheck):
             results[step] = record
             self.write_summary()
         return results
+
+    def what_ran(self, part, checks, quick=None) -> str:
+        """What a step (or, with ``quick``'s sizes, a ``--quick`` section) ran, in words:
+        written beside its status, so a dry run on the CPU never reads as a GPU result."""
+        where = "the CPU (dry run, toy sizes)" if self.dry_run else "one CUDA GPU"
+        sizes = quick or self.sizes
+        if part == "tests":
+            return "tests/test_gpu.py on " + (f"{where} (its CUDA cases skipped)" if self.dry_run else where)
+        if part == "exactness":
+            d = quick.exact
+            return (f"float32 on {where}: {d['layers']}+{d['layers']} layers, d = {d['embed']}, every kernel against "
+                    "materialized (sum and mean); one bias layer's mask gradient and SDPA backend")
+        if part == "train":
+            trained = [c["name"] for c in checks if "/" in c["name"] and c["status"] != "skipped"]
+            return (f"fairseq-train, {sizes.train_updates} updates on {where}: {', '.join(trained) or 'none'}; "
+                    f"decoded with fairseq-generate {'--cpu' if self.dry_run else '--fp16'}")
+        if part == "ddp":
+            ran = [c for c in checks if c.get("backend")]
+            precision = ran[0]["precision"] if ran else ("fp32" if self.dry_run else "fp16")
+            return (f"two fairseq-train ranks on {where} over gloo, {precision}, "
+                    f"{', '.join(c['backend'] for c in ran) or 'none'}, {sizes.ddp_updates} updates")
+        lengths = sizes.speed_args[sizes.speed_args.index("--lengths") + 1]
+        if quick is not None:
+            return f"scripts/benchmark_speed.py --dtype float16 on {where}, T = {lengths}"
+        return (f"scripts/benchmark_kernels.py (float16) and scripts/benchmark_speed.py "
+                f"({', '.join(self.sizes.speed_dtypes)}) on {where}, T = {lengths}")
 
     def device_description(self) -> str:
         import torch
