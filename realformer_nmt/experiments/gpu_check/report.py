@@ -21,6 +21,16 @@ def _cell(text) -> str:
     return str(text).replace("|", "/").replace("\n", " ")
 
 
+def _run_cells(c):
+    """A training run's ``(status, first / last train loss, decode)`` table cells."""
+    losses = c.get("train_losses") or []
+    first_last = f"{_fmt(losses[0][1], 3)} / {_fmt(losses[-1][1], 3)}" if losses else "-"
+    generate = c.get("generate") or {}
+    decode = generate.get("bleu_line") or generate.get("reason") or "-"
+    status = c["status"] + (f": {c['reason']}" if c.get("reason") else "")
+    return _cell(status), first_last, _cell(decode)
+
+
 def quick_markdown(record) -> str:
     """``summary.md``'s part for ``quick.json``: every answer of ``--quick`` in a few tables."""
     dry = record.get("dry_run")
@@ -64,12 +74,9 @@ def quick_markdown(record) -> str:
         for c in train["checks"]:
             if "fp32_valid_loss" in c or c["name"].startswith(("fp16 valid", "bf16 valid")):
                 continue
-            losses = c.get("train_losses") or []
-            first_last = f"{_fmt(losses[0][1], 3)} / {_fmt(losses[-1][1], 3)}" if losses else "-"
-            decode = (c.get("generate") or {}).get("bleu_line") or (c.get("generate") or {}).get("reason") or "-"
-            status = c["status"] + (f": {c['reason']}" if c.get("reason") else "")
-            lines.append(f"| {c.get('precision')} | {c.get('kernel')} | {_cell(status)} | {c.get('updates', '-')} | "
-                         f"{first_last} | {_fmt(c.get('valid_loss'), 3)} | {_cell(decode)} |")
+            status, first_last, decode = _run_cells(c)
+            lines.append(f"| {c.get('precision')} | {c.get('kernel')} | {status} | {c.get('updates', '-')} | "
+                         f"{first_last} | {_fmt(c.get('valid_loss'), 3)} | {decode} |")
         rows = [c for c in train["checks"] if c["name"].startswith(("fp16 valid", "bf16 valid"))]
         if rows:
             lines += ["", "| target | status | valid loss | fp32 valid loss | difference |",
@@ -143,16 +150,11 @@ def summary_markdown(records, ctx) -> str:
             if c["status"] == "skipped":
                 lines.append(f"| {c['precision']} | {c['kernel']} | skipped: {c['reason']} | | | | | |")
                 continue
-            losses = c.get("train_losses") or []
-            first_last = f"{_fmt(losses[0][1], 3)} / {_fmt(losses[-1][1], 3)}" if losses else "-"
             base = ref.get(c.get("kernel"))
             ratio = c["valid_loss"] / base if c.get("valid_loss") is not None and base else None
-            gen = c.get("generate") or {}
-            decode = gen.get("bleu_line") or gen.get("reason") or "-"
-            status = c["status"] + (f": {c['reason']}" if c.get("reason") else "")
-            lines.append(f"| {c['precision']} | {c['kernel']} | {status.replace('|', '/')} | {c.get('updates', '-')} | "
-                         f"{first_last} | {_fmt(c.get('valid_loss'), 3)} | {_fmt(ratio, 4)} | "
-                         f"{decode.replace('|', '/')} |")
+            status, first_last, decode = _run_cells(c)
+            lines.append(f"| {c['precision']} | {c['kernel']} | {status} | {c.get('updates', '-')} | "
+                         f"{first_last} | {_fmt(c.get('valid_loss'), 3)} | {_fmt(ratio, 4)} | {decode} |")
 
     ddp = records.get("ddp")
     if ddp:
