@@ -110,7 +110,7 @@ def test_padded_queries_and_keys_never_counted():
     assert torch.allclose(jsd, torch.cat([w[1] for w in want], -1), atol=1e-12)
     assert abs(pad_mass - 0.1) < 1e-6
     with pytest.MonkeyPatch.context() as m:  # computed in chunks of a few rows: same values
-        m.setattr(aa, "CHUNK_ELEMENTS", 7)
+        m.setattr(aa.estimators, "CHUNK_ELEMENTS", 7)  # where LayerStream reads it
         chunked = aa.token_statistics(padded, real, real)
     assert torch.equal(chunked[0], ent) and torch.equal(chunked[1], jsd)
     stats = aa.TypeStats(L, H)
@@ -588,10 +588,10 @@ def test_interrupted_analysis_resumes_to_the_same_result(trained, data_bin, tmp_
         if calls["n"] == 3:  # Ctrl-C after every layer of batch 3 was seen, before it was done
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(aa, "forward", interrupted)
+    monkeypatch.setattr(aa.analysis, "forward", interrupted)  # what analyze_checkpoint calls
     with pytest.raises(KeyboardInterrupt):
         aa.analyze_checkpoint(checkpoint, str(data_bin), state_path=state, **settings)
-    monkeypatch.setattr(aa, "forward", forward)
+    monkeypatch.setattr(aa.analysis, "forward", forward)
 
     log = []
     resumed = aa.analyze_checkpoint(checkpoint, str(data_bin), state_path=state, **{**settings, "log": log.append})

@@ -1,13 +1,15 @@
-"""Several CPU ranks: the documented two-rank recipe with both DDP backends, and
-``fairseq-train --cpu --distributed-world-size 2`` (fairseq_patches.cpu_distributed)."""
+"""Several CPU ranks: the documented two-rank recipe with both DDP backends,
+``fairseq-train --cpu --distributed-world-size 2`` (fairseq_patches.cpu_distributed), and
+the multi-machine recipe with two "nodes" on localhost."""
 
 import argparse
+import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 from cli_helpers import TINY_FLAGS, run
-from conftest import BIN, USER_DIR, batch, build, trains
+from conftest import BIN, REPO, USER_DIR, batch, build, cli_env, trains
 from fairseq import checkpoint_utils
 from fairseq.dataclass.configs import DistributedTrainingConfig
 from fairseq.distributed import utils as distributed_utils
@@ -15,7 +17,7 @@ from fairseq.models import DistributedFairseqModel
 from omegaconf import OmegaConf
 
 from realformer_nmt.errors import ConfigError
-from realformer_nmt.experiments.distributed_runs import free_port, train_ranks
+from realformer_nmt.experiments.distributed_runs import NODE_LAUNCHERS, free_port, train_nodes, train_ranks
 from realformer_nmt.fairseq_patches import cpu_distributed
 
 COMMON = ["--user-dir", USER_DIR, "--arch", "realformer_transformer", *TINY_FLAGS,
@@ -93,6 +95,37 @@ def test_two_cpu_ranks_share_each_update_with_the_documented_recipe(data_bin, tm
     assert cfg.distributed_training.ddp_backend == ddp_backend
     assert cfg.distributed_training.distributed_world_size == 2
     assert type(models[0]).__name__ == "RealFormerTransformerModel"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", NODE_LAUNCHERS)
+def test_two_nodes_on_localhost_train_the_same_model(data_bin, tmp_path, single_rank, launcher):
+    """docs/distributed.md's multi-machine recipe, both "nodes" on this machine (one process
+    each, gloo, world size 2; torchrun's --nnodes/--node-rank/--master-addr or fairseq's
+    --distributed-init-method tcp://): they train together (each update takes both nodes'
+    batches: half the updates of one process per epoch) and end with the same model, bit for
+    bit. Every rank saves its own checkpoint into its node's --save-dir (tests/every_rank_saves.py;
+    fairseq saves on rank 0 only)."""
+    saves = [tmp_path / f"node{r}" for r in range(2)]
+    for save in saves:
+        save.mkdir()
+    commands = [[sys.executable, REPO / "tests" / "every_rank_saves.py", data_bin, *COMMON, "--save-dir", save]
+                for save in saves]
+    result = train_nodes(commands, tmp_path / "logs", launcher=launcher, env=cli_env(), timeout=600,
+                         torchrun=BIN / "torchrun")
+    logs = [open(p).read() for p in result["logs"]]
+    assert result["returncodes"] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
+    assert "training on 2 devices" in logs[0]
+    assert epoch_updates(logs[0]) * 2 in (single_rank - 1, single_rank, single_rank + 1)
+    states = [checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt")) for save in saves]
+    for rank, state in enumerate(states):
+        assert state["cfg"].distributed_training.distributed_world_size == 2
+        assert state["cfg"].distributed_training.distributed_rank == rank
+    updates = [state["optimizer_history"][-1]["num_updates"] for state in states]
+    assert updates[0] == updates[1] == epoch_updates(logs[0])
+    first, second = (state["model"] for state in states)
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[name], second[name]) for name in first)
 
 
 @pytest.mark.slow

@@ -184,6 +184,7 @@ def test_bias_layer_mask_gradient_equals_materialized_float32(device):
     result = exactness.mask_gradient(device, dims)
     assert result["status"] == "passed", result
     backends = exactness.check_backends(exactness.sdpa_backends(device, dims), device)
-    assert backends["status"] == "passed", backends
+    # judged on CUDA only: elsewhere what ran is reported, not passed (issue 36)
+    assert backends["status"] == ("passed" if device == "cuda" else "reported"), backends
     want = "EFFICIENT_ATTENTION" if device == "cuda" else "MATH"
     assert backends["forward"]["backends"] == [want]

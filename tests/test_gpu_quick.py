@@ -91,6 +91,78 @@ def test_quick_train_speed_and_ddp_in_the_dry_run(quick):
     assert ddp["pytorch_ddp x2 (fp32, gloo)"]["checkpoint_updates"] == gpu_check.QUICK_DRY.ddp_updates
 
 
+@pytest.mark.slow
+def test_quick_dry_run_calls_passed_only_what_it_judged_and_says_what_ran(quick):
+    """Issue 36: the dry run called the SDPA backend (no op recorded backward) and bf16's
+    distance to fp32 ("reported, not judged") passed, and headed its CPU/gloo ranks "two
+    ranks on one GPU"."""
+    out, _ = quick
+    record = json.loads((out / "quick.json").read_text())
+    checks = [c for sec in record["sections"].values() for c in sec["checks"]]
+    assert not [c["name"] for c in checks if c["status"] == "passed" and "not judged" in (c["reason"] or "")]
+    (backend,) = [c for c in record["sections"]["exactness"]["checks"] if "forward" in c]
+    assert backend["status"] == "reported" and backend["backward"]["backends"] == ["no SDPA op recorded"]
+    agreement = [c for c in record["sections"]["train"]["checks"] if c["name"].startswith("bf16 valid")]
+    judged = [c for c in agreement if c["status"] != "skipped"]
+    assert judged and all(c["status"] == "reported" for c in judged)
+    for name, sec in record["sections"].items():
+        assert "the CPU (dry run" in sec["ran"] and "GPU" not in sec["ran"], (name, sec["ran"])
+    assert "gloo, fp32, pytorch_ddp" in record["sections"]["ddp"]["ran"]
+    summary = (out / "summary.md").read_text()
+    assert "one GPU" not in summary and "two fairseq-train ranks on the CPU" in summary
+
+
+# --------------------------------------------------------------------------------------
+# statuses: passed / failed only for what was judged (no training)
+# --------------------------------------------------------------------------------------
+
+
+def test_a_status_counts_judged_checks_only():
+    def checks(*statuses):
+        return [gpu_check.check(f"c{i}", s) for i, s in enumerate(statuses)]
+
+    assert gpu_check.step_status(checks("passed", "reported", "skipped")) == "passed"
+    assert gpu_check.step_status(checks("reported", "skipped")) == "reported"  # nothing judged: not passed
+    assert gpu_check.step_status(checks("skipped", "skipped")) == "skipped"
+    assert gpu_check.step_status(checks("passed", "failed", "reported")) == "failed"
+
+
+def test_sdpa_backend_is_judged_on_cuda_only():
+    record = {phase: dict(backends=["no SDPA op recorded"], ops={}, device_kernels={})
+              for phase in ("forward", "backward")}
+    assert exactness.check_backends(record, "cpu")["status"] == "reported"
+    assert exactness.check_backends(record, "cuda")["status"] == "failed"
+    record = {phase: dict(backends=["EFFICIENT_ATTENTION"], ops={}, device_kernels={})
+              for phase in ("forward", "backward")}
+    assert exactness.check_backends(record, "cuda")["status"] == "passed"
+    assert exactness.check_backends(record, "cpu")["status"] == "reported"
+
+
+def test_dry_run_reports_the_precision_distance_without_judging_it(tmp_path):
+    ctx = gpu_check.GpuCheck(out=str(tmp_path / "out"), work=str(tmp_path / "work"), dry_run=True)
+    runs = [dict(name=f"{p}/bias", status="passed", precision=p, kernel="bias", valid_loss=loss)
+            for p, loss in (("fp32", 4.0), ("bf16", 4.0))]  # equal: within 1%, still not judged on the CPU
+    (row,) = [c for c in ctx.precision_agreement(runs) if c["name"] == "bf16 valid loss within 1% of fp32 (bias)"]
+    assert row["status"] == "reported" and row["relative"] == 0.0
+    assert gpu_check.step_status([row]) == "reported"
+
+
+def test_sections_and_steps_say_what_ran(tmp_path):
+    dry = gpu_check.GpuCheck(out=str(tmp_path / "dry"), work=str(tmp_path / "w1"), dry_run=True)
+    real = gpu_check.GpuCheck(out=str(tmp_path / "real"), work=str(tmp_path / "w2"), dry_run=False)
+    ranks = [gpu_check.check("pytorch_ddp x2", "passed", backend="pytorch_ddp", precision=p) for p in ("fp32", "fp16")]
+    assert dry.what_ran("ddp", ranks[:1], gpu_check.QUICK_DRY) == (
+        f"two fairseq-train ranks on the CPU (dry run, toy sizes) over gloo, fp32, pytorch_ddp, "
+        f"{gpu_check.QUICK_DRY.ddp_updates} updates")
+    assert real.what_ran("ddp", ranks[1:]).startswith("two fairseq-train ranks on one CUDA GPU over gloo, fp16")
+    trained = [gpu_check.check("fp32/bias", "passed"), gpu_check.check("fp16/bias", "skipped", "CUDA only")]
+    assert "on the CPU (dry run, toy sizes): fp32/bias;" in dry.what_ran("train", trained)
+    record = {"dry_run": True, "sections": {"ddp": {"status": "passed", "seconds": 1.0, "checks": ranks[:1],
+                                                    "ran": dry.what_ran("ddp", ranks[:1], gpu_check.QUICK_DRY)}}}
+    text = gpu_check.quick_markdown(record)
+    assert "on one GPU" not in text and "| ddp | passed | 1 | two fairseq-train ranks on the CPU" in text
+
+
 # --------------------------------------------------------------------------------------
 # the checks can fail (no training)
 # --------------------------------------------------------------------------------------
@@ -144,7 +216,8 @@ def test_ddp_step_stays_inside_its_cap_and_reports_a_hung_run(tmp_path, monkeypa
         return {"returncodes": [-9, -9], "logs": logs, "seconds": timeout, "devices": None}
 
     monkeypatch.setattr(distributed_runs, "train_ranks", hung)
-    monkeypatch.setattr(gpu_check, "time", types.SimpleNamespace(time=lambda: clock[0]))
+    for module in (gpu_check.runner, gpu_check.ddp_step):  # the step's clock and the ranks' shares
+        monkeypatch.setattr(module, "time", types.SimpleNamespace(time=lambda: clock[0]))
     ctx = gpu_check.GpuCheck(out=str(tmp_path / "out"), work=str(tmp_path / "work"), dry_run=True)
     monkeypatch.setattr(ctx, "ensure_data", lambda: None)
     record = ctx.run(["ddp"])["ddp"]

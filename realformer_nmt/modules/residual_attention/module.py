@@ -47,7 +47,7 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Mu
         self.residual = residual
         self.mode = mode
         self.kernel = kernel
-        # Analysis only (experiments/attention_analysis.py): with ``need_own_weights`` set, a
+        # Analysis only (experiments/attention_analysis/): with ``need_own_weights`` set, a
         # call that returns weights (materialized) also leaves this layer's own probabilities
         # softmax(mask(Q_n K_n^T / sqrt(d))), [H, B, T, S], in ``own_weights``.
         self.need_own_weights = False

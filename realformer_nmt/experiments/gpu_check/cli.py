@@ -1,0 +1,76 @@
+"""The command: ``python -m realformer_nmt.experiments.gpu_check`` (``make gpu-check``)."""
+
+import argparse
+import os
+import sys
+
+from ...errors import ConfigError
+from ...modules.residual_attention import KERNELS
+from .runner import GpuCheck
+from .settings import DEFAULT_OUT, DRY_RUN_OUT, PRECISIONS, STEPS
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m realformer_nmt.experiments.gpu_check",
+                                description=sys.modules[__package__].__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", default=",".join(STEPS),
+                   help=f"comma list of {', '.join(STEPS)} (default: all, in that order)")
+    p.add_argument("--out", default=None,
+                   help=f"step JSON, summary.md, kernel_rule.json and the speed JSON go here "
+                        f"(default: {DEFAULT_OUT}; with --dry-run {DRY_RUN_OUT})")
+    p.add_argument("--work", default=None,
+                   help="checkpoints and logs (default: runs/gpu_check; with --dry-run <out>/gpu_check_work)")
+    p.add_argument("--quick", action="store_true",
+                   help="the main answers in one short command (sized for 7 minutes on one H100): exactness per "
+                        "parameter tensor, fp16/bf16 training, speed and memory at T = 128 and 512, two DDP ranks; "
+                        "writes <out>/quick.json and <out>/summary.md (run it first, then the full check)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="every step on the CPU at toy sizes (CUDA-only parts reported as skipped)")
+    p.add_argument("--force", "--redo", action="store_true", dest="force",
+                   help="run the chosen steps again even where their results exist")
+    p.add_argument("--kernels", default=None,
+                   help=f"comma list of kernels the train and speed steps run (default: {', '.join(KERNELS)})")
+    p.add_argument("--precisions", default=None,
+                   help=f"comma list of precisions the train step runs (default: {', '.join(PRECISIONS)})")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="fairseq-train runs at a time in the train step (default: 4 on CUDA, 2 dry)")
+    args = p.parse_args(argv)
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown or not steps:
+        p.error(f"--steps: unknown {', '.join(unknown) or '(empty)'} (choose from {', '.join(STEPS)})")
+    if args.jobs is not None and args.jobs < 1:
+        p.error("--jobs must be at least 1")
+    args.steps = steps
+    for flag, choices in (("kernels", KERNELS), ("precisions", tuple(PRECISIONS))):
+        value = getattr(args, flag)
+        if value is not None:
+            words = [w.strip() for w in value.split(",") if w.strip()]
+            bad = [w for w in words if w not in choices]
+            if bad or not words:
+                p.error(f"--{flag}: unknown {', '.join(bad) or '(empty)'} (choose from {', '.join(choices)})")
+            setattr(args, flag, words)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        ctx = GpuCheck(args.out, args.work, args.dry_run, args.jobs, args.force,
+                       kernels=args.kernels, precisions=args.precisions)
+        if args.quick:
+            record = ctx.run_quick()
+        else:
+            results = ctx.run(args.steps)
+    except ConfigError as exc:
+        print(f"gpu_check: error: {exc}", file=sys.stderr)
+        return 2
+    if args.quick:
+        print(f"summary: {os.path.join(ctx.out, 'summary.md')}")
+        print(f"quick: {record['status']} ({ctx.quick_path()})")
+        return 1 if record["status"] == "failed" else 0
+    print(f"summary: {os.path.join(ctx.out, 'summary.md')}")
+    for step, record in results.items():
+        print(f"{step}: {record['status']}")
+    return 1 if any(r["status"] == "failed" for r in results.values()) else 0

@@ -1,0 +1,99 @@
+"""What the GPU check runs and judges by: the steps, precisions, kernels, time caps, the
+targets (docs/gpu.md), and how big each part runs (the real check, the dry run's toy sizes;
+``--quick``'s and the full check's)."""
+
+import dataclasses
+import os
+from typing import Dict, List
+
+import realformer_nmt
+
+STEPS = ("tests", "train", "ddp", "speed")
+STEP_SECONDS = 480  # a step must finish in 8 minutes: each fits one 10-minute device command
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(realformer_nmt.__file__)))
+USER_DIR = os.path.dirname(os.path.abspath(realformer_nmt.__file__))
+DEFAULT_OUT = os.path.join("results", "gpu")
+DRY_RUN_OUT = os.path.join("runs", "gpu_check_dry_run")
+
+# precision -> (fairseq-train flags, needs CUDA)
+PRECISIONS = {
+    "fp32": ([], False),
+    "fp16": (["--fp16"], True),
+    "bf16": (["--bf16"], False),
+    "amp": (["--amp"], True),
+    "memory-efficient-fp16": (["--memory-efficient-fp16"], True),
+}
+DDP_BACKENDS = ("pytorch_ddp", "legacy_ddp")
+FP16_LOSS_TOLERANCE = 0.01  # the issue's target: fp16 loss within 1% of fp32
+DDP_MARGIN_SECONDS = 30  # of a step's cap, kept for loading the checkpoints and writing ddp.json
+
+QUICK_SECONDS = 420  # --quick: the whole command within 7 minutes on one H100
+QUICK_KERNELS = ("vanilla", "materialized", "bias", "auto")  # vanilla: fairseq's own transformer
+QUICK_PRECISIONS = ("fp32", "fp16", "bf16")
+QUICK_SECTIONS = ("exactness", "train", "speed", "ddp")
+# the dry run trains these kernels only (CI time); every kernel's exactness is checked there
+QUICK_DRY_KERNELS = ("vanilla", "bias")
+# the speed targets (docs/gpu.md): bias (or auto) vs vanilla, fp16, base size
+SPEED_TARGETS = {512: (0.90, 1.15), 128: (0.95, 1.05)}
+
+
+@dataclasses.dataclass
+class QuickSizes:
+    exact: Dict[str, int]
+    train_updates: int
+    ddp_updates: int
+    speed_args: List[str]
+
+
+QUICK_REAL = QuickSizes(
+    exact=dict(layers=6, embed=256, heads=4, vocab=200, batch=8, src_len=40, tgt_len=36),
+    train_updates=300, ddp_updates=50,
+    speed_args="--sizes base --lengths 128,512 --alternations 3 --warmup 1 --decode-alternations 1".split(),
+)
+QUICK_DRY = QuickSizes(
+    exact=dict(layers=4, embed=16, heads=4, vocab=30, batch=3, src_len=8, tgt_len=6),
+    train_updates=9, ddp_updates=6,
+    speed_args=("--sizes toy --lengths 8,16 --alternations 1 --warmup 0 --tokens 256 --vocab 100 "
+                "--decode-sentences 2 --decode-len 4 --no-memory").split(),
+)
+
+
+@dataclasses.dataclass
+class Sizes:
+    """How big each step runs: the real check, or the dry run's toy version."""
+
+    data: str
+    synthetic_sizes: Dict[str, int]
+    vocab: int
+    model_flags: List[str]
+    max_tokens: int
+    warmup_updates: int
+    train_updates: int
+    ddp_updates: int
+    log_interval: int
+    speed_args: List[str]
+    kernel_args: List[str]
+    speed_dtypes: List[str] = dataclasses.field(default_factory=lambda: ["float16", "bfloat16"])
+
+
+REAL = Sizes(
+    data=os.path.join("data-bin", "demo_en_de"), synthetic_sizes={}, vocab=1000,  # make demo's corpus
+    model_flags=("--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256 --decoder-embed-dim 256 "
+                 "--encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 "
+                 "--encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings").split(),
+    max_tokens=2048, warmup_updates=100, train_updates=300, ddp_updates=100, log_interval=25,
+    speed_args="--sizes base,big --lengths 128,512,1024 --alternations 5 --decode-alternations 2".split(),
+    kernel_args=("--lengths 128,512,1024 --layers 6 --batch 8 --embed-dim 512 --heads 8 --switch-points 2 "
+                 "--rounds 5 --warmup 1").split(),
+)
+DRY = Sizes(
+    data=None, synthetic_sizes=dict(n_train=1000, n_valid=50, n_test=50), vocab=200,
+    model_flags=("--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 32 --decoder-embed-dim 32 "
+                 "--encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 "
+                 "--encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings").split(),
+    max_tokens=1024, warmup_updates=4, train_updates=12, ddp_updates=8, log_interval=3,
+    speed_args=("--sizes toy --lengths 8,16 --alternations 1 --warmup 0 --tokens 256 --vocab 100 "
+                "--decode-sentences 2 --decode-len 4 --no-memory").split(),
+    kernel_args=("--lengths 8,16 --layers 3 --batch 2 --embed-dim 32 --heads 4 --switch-points 2 "
+                 "--rounds 1 --warmup 0").split(),
+)
