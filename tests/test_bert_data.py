@@ -363,3 +363,32 @@ def test_task_batches_lay_out_pairs_and_mask_like_bert(tmp_path_factory):
     assert abs(counts["kept"] / counts["selected"] - 0.1) < 0.03
     labels = sample["nsp_target"].float().mean().item()
     assert 0.4 < labels < 0.6
+
+
+def _pieces_missing_from(out):
+    """SentencePiece pieces (not control or unknown) that ``out/dict.txt`` lacks; WikiText's
+    literal ``<unk>`` (a user-defined piece) is fairseq's own ``<unk>``, never a dict.txt line."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
+    symbols = {line.split(" ")[0] for line in (out / "dict.txt").read_text(encoding="utf-8").splitlines()}
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+            if not (sp.is_control(i) or sp.is_unknown(i)) and sp.id_to_piece(i) not in symbols | {"<unk>"}]
+
+
+@pytest.mark.slow  # two preparations: 15 s idle, minutes under load
+def test_script_lists_every_piece_by_default_and_the_train_texts_with_no_full_vocabulary(small_corpus, tmp_path):
+    """The command's default is the exportable dictionary (docs/bert.md#pre-training-data);
+    --no-full-vocabulary is fairseq-preprocess's dictionary of the train text, the library's
+    default (small_corpus), byte for byte, with the same binaries."""
+    raw, library, _ = small_corpus
+    assert _pieces_missing_from(library)  # the train text leaves pieces out: the case that matters
+    for flags, out in (([], tmp_path / "full"), (["--no-full-vocabulary"], tmp_path / "train_only")):
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--raw-dir", str(raw), "--out", str(out),
+                               "--vocab-size", "60", *flags], capture_output=True, text=True, env=cli_env(),
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout)["settings"].get("full_vocabulary", False) is not bool(flags)
+        assert (out / "train.bin").read_bytes() == (library / "train.bin").read_bytes()
+    assert not _pieces_missing_from(tmp_path / "full")
+    assert (tmp_path / "train_only" / "dict.txt").read_bytes() == (library / "dict.txt").read_bytes()

@@ -112,3 +112,142 @@ def test_missing_files_are_one_line(pretrained, tmp_path):
                            str(tmp_path / "nope.tsv"), "--valid", str(tmp_path / "nope.tsv"), "--out",
                            str(tmp_path / "o")], capture_output=True, text=True, env=cli_env(), timeout=300)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "nope.tsv: no such file" in proc.stderr
+
+
+# --------------------------------------------------------------------------------------
+# --multi30k: the offline example task (word order on Multi30k's English captions), on
+# the first captions of the shared copy
+# --------------------------------------------------------------------------------------
+
+MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+CAPTION_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+
+
+@pytest.fixture(scope="module")
+def captions(tmp_path_factory):
+    """(raw dir with the first 300 / 60 / 60 English captions of the shared Multi30k, as
+    .en.gz like the shared copy; a pre-training data dir whose spm.model and dict.txt cover
+    them)."""
+    import gzip
+
+    import sentencepiece as spm
+
+    if not MULTI30K.is_dir():
+        pytest.skip(f"no Multi30k copy at {MULTI30K}")
+    root = tmp_path_factory.mktemp("captions")
+    raw, pretrained = root / "multi30k", root / "pretrained"
+    raw.mkdir()
+    pretrained.mkdir()
+    for split, name in CAPTION_FILES.items():
+        with gzip.open(MULTI30K / f"{name}.en.gz", "rt", encoding="utf-8") as f:
+            lines = [next(f) for _ in range(300 if split == "train" else 60)]
+        with gzip.open(raw / f"{name}.en.gz", "wt", encoding="utf-8") as f:
+            f.writelines(lines)
+    text = root / "text.txt"
+    text.write_text("".join(gzip.open(raw / f"{n}.en.gz", "rt").read().lower() for n in CAPTION_FILES.values()))
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(pretrained / "spm"), vocab_size=300,
+                                   model_type="bpe", bos_id=-1, eos_id=-1, character_coverage=1.0,
+                                   minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(pretrained / "spm.model"))
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i)]
+    (pretrained / "dict.txt").write_text("".join(f"{p} 1\n" for p in pieces if p != "<unk>"))
+    return raw, pretrained, sp
+
+
+def expected_captions(raw, split):
+    """The captions of ``split`` as the task shows them, computed here from the raw file:
+    lower case, without a final '.', only those of at least three words (two different)."""
+    import gzip
+
+    out = []
+    for line in gzip.open(raw / f"{CAPTION_FILES[split]}.en.gz", "rt", encoding="utf-8"):
+        words = line.lower().split()
+        if words and words[-1].endswith("."):
+            words[-1] = words[-1].rstrip(".")
+            words = [w for w in words if w]
+        if len(words) >= 3 and len(set(words)) > 1:
+            out.append(words)
+    return out
+
+
+def run_multi30k(raw, pretrained, out, *flags):
+    return subprocess.run([sys.executable, str(SCRIPT), "--pretrained-data", str(pretrained), "--multi30k",
+                           str(raw), "--out", str(out), *map(str, flags)], capture_output=True, text=True,
+                          env=cli_env(), timeout=300)
+
+
+def tsv_rows(out, split):
+    return [line.split("\t") for line in (out / "tsv" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.mark.slow  # 10 s idle (fairseq-preprocess twice), minutes under load: full suite only
+def test_multi30k_word_order_task_is_each_caption_as_written_or_shuffled(captions, tmp_path):
+    import json
+
+    raw, pretrained, sp = captions
+    proc = run_multi30k(raw, pretrained, tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    assert summary["num_classes"] == 2 and summary["classes"] == ["original", "shuffled"]
+    for split in CAPTION_FILES:
+        words = expected_captions(raw, split)
+        rows = tsv_rows(tmp_path / "out", split)
+        assert len(rows) == len(words) == summary["lines"][split]
+        labels = [label for _, label in rows]
+        assert abs(labels.count("original") - labels.count("shuffled")) <= 1  # half each
+        assert summary["example"]["labels"][split] == {"original": labels.count("original"),
+                                                         "shuffled": labels.count("shuffled")}
+        for (sentence, label), caption in zip(rows, words):
+            shown = sentence.split()
+            assert sorted(shown) == sorted(caption)  # the same words in both classes
+            assert (shown == caption) == (label == "original"), (sentence, label, caption)
+
+    # fairseq's own sentence_prediction task reads back the pieces and labels of the TSV
+    task, dataset = load(tmp_path / "out", "valid", num_classes=2, no_shuffle=True)
+    dictionary = task.source_dictionary
+    for i, (sentence, label) in enumerate(tsv_rows(tmp_path / "out", "valid")):
+        sample = dataset[i]
+        expected = [0] + [dictionary.index(p) for p in sp.encode(sentence, out_type=str)] + [2]
+        assert sample["net_input.src_tokens"].tolist() == expected
+        assert dictionary.unk() not in expected
+        assert task.label_dictionary[int(sample["target"]) + task.label_dictionary.nspecial] == label
+
+    # the command wrote what the library draws; the same seed repeats it, another draws anew
+    from realformer_nmt.data import caption_order
+
+    tables, _ = caption_order.word_order_task(str(raw), seed=1)
+    assert {split: [list(r) for r in rows] for split, rows in tables.items()} == {
+        split: tsv_rows(tmp_path / "out", split) for split in CAPTION_FILES}
+    assert caption_order.word_order_task(str(raw), seed=1)[0] == tables
+    assert caption_order.word_order_task(str(raw), seed=2)[0]["train"] != tables["train"]
+
+
+@pytest.mark.parametrize("case,words", [
+    ("with-train", ["--multi30k makes its own splits", "--train"]),
+    ("neither", ["give --train and --valid", "--multi30k DIR"]),
+    ("not-a-dir", ["--multi30k", "is not a directory"]),
+    ("no-test-file", ["--multi30k", "test_2016_flickr.en"]),
+])
+def test_multi30k_bad_input_is_one_line(captions, tmp_path, case, words):
+    raw, pretrained, _ = captions
+    out = tmp_path / "out"
+    base = [sys.executable, str(SCRIPT), "--pretrained-data", str(pretrained), "--out", str(out)]
+    if case == "with-train":
+        args = ["--multi30k", str(raw), "--train", str(tmp_path / "t.tsv")]
+    elif case == "neither":
+        args = []
+    elif case == "not-a-dir":
+        args = ["--multi30k", str(tmp_path / "nowhere")]
+    else:
+        partial = tmp_path / "partial"
+        partial.mkdir()
+        for name in ("train", "val"):
+            (partial / f"{name}.en.gz").write_bytes((raw / f"{name}.en.gz").read_bytes())
+        args = ["--multi30k", str(partial)]
+    proc = subprocess.run(base + args, capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("prepare_finetune_data.py: error: "), proc.stderr[-2000:]
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert not out.exists()  # refused before writing anything

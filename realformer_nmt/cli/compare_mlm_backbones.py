@@ -14,7 +14,8 @@ accuracy curve); its best checkpoint is then evaluated on the whole validation s
 fairseq-validate. Writes --results (JSON) with .md and .png beside it. Re-running the
 same command reuses finished runs and resumes an interrupted one.
 
-  python scripts/prepare_pretraining_data.py --raw-dir ../shared/data/wikitext-2 --out data-bin/wikitext2_mlm
+  python scripts/prepare_pretraining_data.py --raw-dir ../shared/data/wikitext-2 --out data-bin/wikitext2_mlm \\
+      --no-full-vocabulary   # the committed results' dictionary (the train text's pieces only)
   python scripts/compare_mlm_backbones.py --data data-bin/wikitext2_mlm --out runs/compare/mlm \\
       --max-update 600 --warmup-updates 60 --seeds 1,2,3 --jobs 2 --results results/mlm_wikitext2.json
 """

@@ -12,6 +12,13 @@ binarized into OUT/label/ with a dictionary of their own (classification), or wr
 OUT/label/{split}.label with one number per line (--regression). OUT is the data dir of
 `fairseq-train --task sentence_prediction` (see docs/bert.md#fine-tuning); the number of
 classes is printed in the JSON summary, for --num-classes.
+
+An offline example task instead of TSVs (GLUE needs a download): word order on Multi30k's
+English captions, each caption as written (`original`) or with its words shuffled
+(`shuffled`), half each; train / valid / test from train, val and test_2016_flickr:
+
+  python scripts/prepare_finetune_data.py --pretrained-data data-bin/wikitext2_mlm \
+      --multi30k ../shared/data/multi30k --out data-bin/caption_order
 """
 
 import argparse
@@ -32,9 +39,16 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pretrained-data", required=True,
                    help="the pre-training data dir (dict.txt and spm.model, from prepare_pretraining_data.py)")
-    p.add_argument("--train", required=True, help="training TSV")
-    p.add_argument("--valid", required=True, help="validation TSV")
+    p.add_argument("--train", help="training TSV (required unless --multi30k)")
+    p.add_argument("--valid", help="validation TSV (required unless --multi30k)")
     p.add_argument("--test", help="test TSV (optional; labels required as in the others)")
+    p.add_argument("--multi30k", metavar="DIR",
+                   help="instead of TSVs: the offline example task, word order on the English captions of "
+                        "Multi30k in DIR (train, val, test_2016_flickr .en[.gz]): each caption lower-cased, "
+                        "without its final '.', as written (label original) or with its words shuffled "
+                        "(label shuffled), half each; the TSVs it makes are kept in OUT/tsv/")
+    p.add_argument("--seed", type=int, default=1,
+                   help="--multi30k: which captions are shuffled, and how (default: %(default)s)")
     p.add_argument("--out", required=True, help="output data dir (input0/, input1/ for pairs, label/)")
     p.add_argument("--regression", action="store_true",
                    help="labels are numbers (--regression-target --num-classes 1): written as .label files")
@@ -78,15 +92,57 @@ def read_tsv(path, skip_header, regression):
     return rows
 
 
+def check_sources(args):
+    """One line when the TSV flags and --multi30k are mixed or missing."""
+    if args.multi30k is not None:
+        given = [f"--{name}" for name in ("train", "valid", "test") if getattr(args, name)]
+        given += ["--regression"] if args.regression else []
+        given += ["--skip-header"] if args.skip_header else []
+        if given:
+            raise InputError(f"--multi30k makes its own splits and labels: drop {', '.join(given)}")
+    else:
+        missing = [f"--{name}" for name in ("train", "valid") if not getattr(args, name)]
+        if missing:
+            raise InputError(f"give {' and '.join(missing)} (labelled TSVs), or --multi30k DIR for the "
+                             "offline example task")
+
+
+def caption_tables(args):
+    """The --multi30k word-order task as TSV tables, also written to OUT/tsv/{split}.tsv."""
+    logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
+    from realformer_nmt.data import caption_order
+    from realformer_nmt.errors import DataError
+
+    try:
+        tables, report = caption_order.word_order_task(args.multi30k, seed=args.seed)
+    except DataError as exc:
+        raise InputError(str(exc)) from None
+    tsv = os.path.join(args.out, "tsv")
+    os.makedirs(tsv, exist_ok=True)
+    for split, rows in tables.items():
+        write_lines(os.path.join(tsv, f"{split}.tsv"), [f"{sentence}\t{label}" for sentence, label in rows])
+    return {split: [([sentence], label) for sentence, label in rows] for split, rows in tables.items()}, report
+
+
 def prepare(args):
+    check_sources(args)
     data = args.pretrained_data
     for name in ("dict.txt", "spm.model"):
         if not os.path.isfile(os.path.join(data, name)):
             raise InputError(f"--pretrained-data {data}: no {name} (the data dir prepare_pretraining_data.py wrote)")
+    if args.multi30k is not None:
+        tables, example = caption_tables(args)
+        splits = {split: os.path.join(args.out, "tsv", f"{split}.tsv") for split in tables}
+        return dict(write_checked(args, tables, splits), example=dict(task="multi30k word order", **example))
     splits = {"train": args.train, "valid": args.valid}
     if args.test:
         splits["test"] = args.test
     tables = {split: read_tsv(path, args.skip_header, args.regression) for split, path in splits.items()}
+    return write_checked(args, tables, splits)
+
+
+def write_checked(args, tables, splits):
+    """Check that the tables agree (sentences per line, labels), then write OUT."""
     widths = {split: {len(s) for s, _ in rows} for split, rows in tables.items()}
     inputs = next(iter(widths["train"]))
     for split, found in widths.items():

@@ -10,8 +10,10 @@ only test.txt and valid.txt. Validation text: valid.txt (or wiki.valid.tokens).
 
 --out is a data dir for `fairseq-train --task masked_lm` and `--task masked_lm_nsp`:
 dict.txt, train.{bin,idx}, valid.{bin,idx}, spm.model (for --bpe sentencepiece and the
-hub interface) and prepare.json. Re-running resumes an interrupted run and does nothing
-when the inputs and settings are unchanged. The summary is printed as JSON.
+hub interface) and prepare.json. dict.txt lists every piece of spm.model (--full-vocabulary,
+the default), so a model trained on OUT exports with scripts/export_hf.py. Re-running
+resumes an interrupted run and does nothing when the inputs and settings are unchanged.
+The summary is printed as JSON.
 """
 
 import argparse
@@ -34,11 +36,14 @@ def parse_args(argv=None):
     p.add_argument("--valid-file", help="validation text, relative to --raw-dir (default: valid.txt "
                                         "or wiki.valid.tokens)")
     p.add_argument("--work-dir", help="intermediate text and piece files (default: OUT/work)")
-    p.add_argument("--full-vocabulary", action="store_true",
+    p.add_argument("--full-vocabulary", action=argparse.BooleanOptionalAction, default=True,
                    help="dict.txt holds every SentencePiece piece (those the train text never produced with "
-                        "count 0), so the model's vocabulary is the SentencePiece model's: needed to export "
-                        "a model to Hugging Face with its tokenizer (scripts/export_hf.py). Default off "
-                        "(the committed results used the train text's dictionary)")
+                        "count 0, after fairseq's own entries, whose ids do not change), so the model's "
+                        "vocabulary is the SentencePiece model's: new text (fine-tuning data) never becomes "
+                        "<unk> for a piece the train text lacked, and the model exports to Hugging Face with "
+                        "its tokenizer (scripts/export_hf.py). Default on; --no-full-vocabulary keeps only "
+                        "the pieces of the train text (fairseq-preprocess's own dictionary, the one the "
+                        "committed results in docs/results.md used)")
     p.add_argument("--json", help="also write the summary to this file")
     return p.parse_args(argv)
 

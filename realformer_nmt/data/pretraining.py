@@ -115,8 +115,9 @@ def prepare_pretraining(raw_dir, out_dir, vocab_size=None, work_dir=None, train_
     train text never produced with count 0, after fairseq's own entries, whose ids stay the
     same), so a piece of new text is never fairseq's ``<unk>`` and the model's vocabulary is
     exactly the SentencePiece model's: what ``scripts/export_hf.py`` needs to export a
-    tokenizer with fairseq's ids. Off by default: the committed results used the dictionary
-    of the train text alone."""
+    tokenizer with fairseq's ids. Off by default here (the committed results used the
+    dictionary of the train text alone); ``scripts/prepare_pretraining_data.py`` turns it on
+    unless given ``--no-full-vocabulary``."""
     log = log or pipeline.log
     settings, key = pretraining_settings(raw_dir, vocab_size, train_file, valid_file, model_type,
                                          full_vocabulary)
