@@ -58,7 +58,16 @@ def test_fairseqs_inference_commands_carry_the_wrapper_and_training_does_not(com
     module = importlib.import_module(f"fairseq_cli.{command}")
     assert getattr(module.main, "__realformer_fixed__", False)
     assert module.main.__wrapped__.__module__ == f"fairseq_cli.{command}"
-    assert not getattr(importlib.import_module("fairseq_cli.train").main, "__realformer_fixed__", False)
+    assert module.main.__code__.co_qualname == BF16_WRAPPER  # (functools.wraps copies __qualname__)
+    # fairseq-train's main may carry other fixes (train_preflight), never the bf16 inference wrapper
+    main, layers = importlib.import_module("fairseq_cli.train").main, []
+    while main is not None:
+        layers.append(main.__code__.co_qualname)
+        main = getattr(main, "__wrapped__", None)
+    assert BF16_WRAPPER not in layers and layers[-1] == "main", layers
+
+
+BF16_WRAPPER = "notes_bf16_command_line.<locals>.wrapper"
 
 
 def test_turning_tpu_off_for_bf16_is_logged(caplog):

@@ -166,10 +166,11 @@ def _spm_model(given: Optional[str], dirs: List[str]) -> str:
         if not os.path.isfile(given):
             raise ConfigError(f"--sentencepiece-model {given}: no such file")
         return given
+    dirs = list(dict.fromkeys(os.path.normpath(d) for d in dirs if d))  # each folder once, in order
     for d in dirs:
-        if d and os.path.isfile(os.path.join(d, "spm.model")):
+        if os.path.isfile(os.path.join(d, "spm.model")):
             return os.path.join(d, "spm.model")
-    raise ConfigError(f"no spm.model in {' or '.join(d for d in dirs if d)}: pass --sentencepiece-model FILE "
+    raise ConfigError(f"no spm.model in {' or '.join(dirs)}: pass --sentencepiece-model FILE "
                       "(the pre-training data's spm.model)")
 
 
