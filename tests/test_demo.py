@@ -42,6 +42,7 @@ def test_a_run_its_cap_stops_is_scored_labelled_and_the_printed_command_finishes
     first, report = demo(tmp_path, [sys.executable, str(SCRIPT), *TINY, "--max-minutes", "0.001"])
     assert (report["stopped_early"], report["undertrained"], report["num_updates"]) == (True, True, 1)
     assert isinstance(report["bleu"], float) and report["num_test_sentences"] == 500
+    assert report["environment"] == {"REALFORMER_NMT_DATA_FIXES": "1"}  # every test sentence decoded and scored
     assert f"BLEU = {report['bleu']:.2f}" in first.stdout and first.stdout.count("HYP:") == 2
     last = first.stdout.splitlines()[-1]
     assert last.startswith("UNDERTRAINED: training stopped early, after 1 of 3 updates (the --max-minutes 0.001 cap")

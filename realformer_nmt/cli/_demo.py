@@ -33,9 +33,6 @@ TRAIN_FLAGS = (
     "--max-update {max_update} --stop-time-hours {hours} "
     "--log-format simple --log-interval {log_interval}"
 )
-# Switches of the plugin's fixes to fairseq (realformer_nmt/fairseq_patches) that the demo
-# turns on: add a fix's flag here and every demo run passes it to fairseq-train.
-PLUGIN_SWITCHES = ()
 
 # Seconds per update of the default model, measured (README): CPU seconds of fairseq-train
 # (its wall time on an idle core; start-up included) and wall seconds on 2 cores busy with
@@ -86,7 +83,7 @@ def train_command(args, hours):
     residual = [] if args.vanilla else ["--residual-attention-paths", args.residual_attention_paths,
                                         "--residual-attention-mode", args.residual_attention_mode]
     return ([fairseq_cli("fairseq-train"), args.data, "--arch", args.arch, "--save-dir", args.save_dir]
-            + model.split() + flags.split() + ["--user-dir", user_dir()] + residual + list(PLUGIN_SWITCHES)
+            + model.split() + flags.split() + ["--user-dir", user_dir()] + residual
             + args.train_args)
 
 

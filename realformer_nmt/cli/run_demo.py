@@ -132,6 +132,8 @@ def run(args):
         "vanilla": args.vanilla,
         "residual_attention_paths": None if args.vanilla else args.residual_attention_paths,
         "residual_attention_mode": None if args.vanilla else args.residual_attention_mode,
+        # the plugin's data fixes (docs/reliability.md), as fairseq-train and fairseq-generate had them
+        "environment": {"REALFORMER_NMT_DATA_FIXES": os.environ.get("REALFORMER_NMT_DATA_FIXES", "")},
         "generate_seconds": scored["seconds"],
         "num_test_sentences": scored["sentences"],
         "sacrebleu": scored["sacrebleu"],

@@ -36,6 +36,7 @@ installed from one place, :func:`install_all`, which ``import realformer_nmt`` (
 """
 
 import logging
+import multiprocessing
 import os
 
 from ..errors import ConfigError
@@ -101,7 +102,9 @@ def install_all(data_fixes=None):
         return
     for patch in DATA_FIXES:
         patch.install()
-    if not _announced:
+    # once per run: not again in the ranks (or DataLoader workers) multiprocessing starts from
+    # this process, nor in torchrun's ranks other than 0
+    if not _announced and multiprocessing.parent_process() is None and os.environ.get("RANK", "0") in ("", "0"):
         _announced = True
         logger.info("%s=1: fairseq's data handling fixed (every sentence batched, masks redrawn each epoch with "
                     "DataLoader workers): numbers differ from fairseq alone (docs/reliability.md)", SWITCH)

@@ -111,9 +111,17 @@ def paired_cell(s, key="paired_vs_postln"):
 
 
 def recipe_lines(summary):
+    from .recipe import ENVIRONMENT
+
     lines = ["", "Shared fairseq-train flags:", "", "```", " ".join(summary["recipe"]["shared_train_flags"]),
              "```", "", f"Decoding: `fairseq-generate {' '.join(summary['recipe']['generate_flags'])}`", "",
              f"sacreBLEU signature: `{summary['sacrebleu_signature']}`", ""]
+    # the switch every run had (unrecorded: trained before it existed, when the fixes were always on)
+    environment = dict(ENVIRONMENT, **(summary["recipe"].get("environment") or {}))
+    lines += ["Environment of every fairseq-train and fairseq-generate run: "
+              + " ".join(f"`{k}={v}`" for k, v in sorted(environment.items()))
+              + " (without it fairseq drops up to 7 sentences per batching and the numbers differ; "
+              "docs/reliability.md).", ""]
     if summary.get("paired_test"):
         lines += [f"Paired test: {summary['paired_test']}.", ""]
     lines += [f"Machine: {summary['machine']}. Wall times depend on the load of the machine; the "
