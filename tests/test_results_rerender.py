@@ -328,8 +328,10 @@ def test_summary_rows_are_the_committed_seed_paired_records():
     rows = summary.summary_rows(str(RESULTS))
     labels = [summary.row_label(r) for r in rows]
     assert labels[:2] == ["comparison: En→De, 3+3, lr 1e-3, 1800 upd.", "comparison: En→Fr, 3+3, lr 1e-3, 1800 upd."]
-    assert "depth stress: En→De, 6+6, lr 1e-3, 1200 upd." in labels
-    # the stability grid's lr 1e-3 column is the depth test's 12+12 runs: one row, both names
+    # each stability grid's lr 1e-3 column is the depth test's runs (6+6: lr_limit_depth6, 12+12:
+    # stability_depth12): one row, both names
+    assert "depth stress = stability limit: En→De, 6+6, lr 1e-3, 1200 upd." in labels
+    assert "stability limit: En→De, 6+6, lr 4e-3, 1200 upd." in labels
     assert "depth stress = stability limit: En→De, 12+12, lr 1e-3, 1200 upd." in labels
     assert "stability limit: En→De, 12+12, lr 2.5e-4, 1200 upd." in labels
     assert labels[-1] == "masked LM: WikiText-2, 4 layers, lr 1e-3, 600 upd."
