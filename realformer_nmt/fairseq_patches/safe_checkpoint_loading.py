@@ -7,9 +7,9 @@ pickle names. A hostile checkpoint given to ``fairseq-generate``, ``fairseq-trai
 1. call code while loading (a ``__reduce__`` to ``os.system``, any function or class
    outside an allow-list): refused by torch's weights-only unpickler, which calls and
    builds allow-listed globals only;
-2. have weights-only loading switched off (the environment variable
-   ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``): refused, the load is forced weights-only and
-   torch rejects the conflict;
+2. have weights-only loading switched off (torch's environment switch that forces full
+   unpickling): refused, the load is forced weights-only and torch rejects the conflict
+   (tests/test_reliability_checkpoints.py sets that switch and checks the refusal);
 3. forge memory through numpy (``numpy.ndarray((1,), numpy.dtype("O"), b"AAAAAAAA")``: an
    object array over attacker-chosen pointers, which torch's usual numpy allow-list
    accepts): refused, numpy's names resolve to checked stand-ins;
