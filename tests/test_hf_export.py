@@ -614,6 +614,11 @@ def test_sentencepiece_tokenizer_gives_fairseqs_ids_on_raw_wikitext_and_whitespa
         ids = tokenizer(text)["input_ids"]
         assert ids == hub.encode(text).tolist(), text
         assert ids == [d.bos()] + [d.index(p) for p in sp.encode(text, out_type=str)] + [d.eos()], text
+    # SentencePiece keeps NEL (U+0085) as a piece of its own; fairseq splits the pieces on
+    # Python's whitespace and drops it: the tokenizer follows fairseq, not the pieces
+    for text in ("a\u0085b", "dog \u0085 cat", "two\u0085\u0085inside", "\u0085", "end\u0085"):
+        assert "\u0085" in "".join(sp.encode(text, out_type=str)), text
+        assert tokenizer(text)["input_ids"] == hub.encode(text).tolist(), text
     tokens = tokenizer.convert_ids_to_tokens(tokenizer(edge[0])["input_ids"])
     assert tokens[-2:] == ["\u2581.", "</s>"] and "\u2581" not in tokens  # no stray piece for the trailing space
     assert tokenizer(" ")["input_ids"] == tokenizer("")["input_ids"] == [d.bos(), d.eos()]
@@ -756,6 +761,9 @@ def test_finetuned_head_exports_with_fairseqs_predict_logits(finetuned_export):
     head = hub.model.classification_heads[HEAD]
     assert torch.equal(model.classifier.weight, head.out_proj.weight)
     assert torch.equal(model.realformer.pooler.dense.weight, head.dense.weight)
+    # the classifier trains with fairseq's --pooler-dropout, not BERT's hidden dropout
+    assert config["classifier_dropout"] == hub.model.args.pooler_dropout != config["hidden_dropout_prob"]
+    assert model.dropout.p == hub.model.args.pooler_dropout
     classify = pipeline("text-classification", model=str(folder), trust_remote_code=True)
     assert [r["label"] for r in classify(texts[:6])] == [config["id2label"][str(i)]
                                                          for i in want[:6].argmax(-1).tolist()]

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError
-from .model import GOOGLE_NSP_HEAD
+from .model import BERT_LAYER_NAMES, GOOGLE_NSP_HEAD
 
 if TYPE_CHECKING:  # pragma: no cover
     from .google_checkpoint import GoogleCheckpoint
@@ -157,13 +157,8 @@ def fairseq_state(ckpt: "GoogleCheckpoint", order: List[int]) -> Dict[str, torch
     norm(e + "layernorm_embedding", "bert/embeddings/LayerNorm")
     for i in range(ckpt.config["num_hidden_layers"]):
         fs, tf = f"{e}layers.{i}.", f"bert/encoder/layer_{i}/"
-        for proj, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
-            linear(fs + "self_attn." + proj, tf + "attention/self/" + name)
-        linear(fs + "self_attn.out_proj", tf + "attention/output/dense")
-        norm(fs + "self_attn_layer_norm", tf + "attention/output/LayerNorm")
-        linear(fs + "fc1", tf + "intermediate/dense")
-        linear(fs + "fc2", tf + "output/dense")
-        norm(fs + "final_layer_norm", tf + "output/LayerNorm")
+        for bert, fairseq_name, kind in BERT_LAYER_NAMES:
+            (linear if kind == "linear" else norm)(fs + fairseq_name, tf + bert)
     if ckpt.heads["mlm"]:
         linear("encoder.lm_head.dense", "cls/predictions/transform/dense")
         norm("encoder.lm_head.layer_norm", "cls/predictions/transform/LayerNorm")

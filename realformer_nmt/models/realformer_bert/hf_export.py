@@ -281,7 +281,10 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, sentencepi
             vocab_size=len(order), pad_token_id=ids["<pad>"], bos_token_id=ids["<s>"], eos_token_id=ids["</s>"],
             architectures=["RealFormerForSequenceClassification" if kind == "sequence_classification"
                            else "RealFormerForPreTraining"],
-            auto_map=dict(AUTO_MAP), classification_head=head, **_labels(hub, kind, num), **values)
+            auto_map=dict(AUTO_MAP), classification_head=head, **_labels(hub, kind, num), **values,
+            # a fine-tune's classifier keeps the dropout it was trained with (fairseq's --pooler-dropout)
+            classifier_dropout=(float(getattr(model.args, "pooler_dropout", 0.0))
+                                if kind == "sequence_classification" else None))
         state = hf_state_dict(model, order, head)
         log(f"[3/5] mapped {sum(p.numel() for p in model.parameters())} parameters (residual attention: "
             f"{config.residual_attention_mode if config.residual_attention else 'off'}; "

@@ -28,12 +28,15 @@ SAMPLE_TEXT = [
     "Zürich , São Paulo and Kraków are cities ; naïve café .",
     "a trailing no-break space\u00a0",
     "\u00a0no-break spaces\u00a0\u00a0inside\u3000and ideographic ",
+    "a next-line\u0085character , two\u0085\u0085 and \u0085 alone",  # kept by SentencePiece, dropped by fairseq
     " ",
     "   \t ",
     "",
 ]
 
-
+# what fairseq's Dictionary.encode_line splits on (Python's \s), as an Oniguruma class
+PYTHON_WHITESPACE = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in map(chr, range(0x3001))
+                                  if c.isspace()) + "]+"
 
 
 def google_order(vocab: List[str], dictionary) -> List[int]:
@@ -136,6 +139,9 @@ def sentencepiece_tokenizer(spm_model: str, dictionary, bert_pairs: bool, max_le
     # they stand, after the word-boundary mark: "<unk> a" -> "\u2581" "<unk>" "\u2581a"
     user_defined = [p.piece for p in proto.pieces if p.type == 4]
     steps += [pre_tokenizers.Split(u, behavior="isolated") for u in user_defined]
+    # fairseq joins the pieces with spaces and splits them again on Python's whitespace, so a
+    # piece of whitespace SentencePiece keeps (NEL, U+0085, under nmt_nfkc) is dropped, not <unk>
+    steps.append(pre_tokenizers.Split(Regex(PYTHON_WHITESPACE), behavior="removed"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend, split=split)
     bos, eos = ("<s>", dictionary.bos()), ("</s>", dictionary.eos())

@@ -17,8 +17,9 @@ from typing import Dict, List, Optional
 import torch
 
 from ...errors import ConfigError
+from .model import BERT_LAYER_NAMES, GOOGLE_NSP_HEAD
 
-NSP_HEAD = "next_sentence"
+NSP_HEAD = GOOGLE_NSP_HEAD  # fairseq's pre-training head; also where converted Google checkpoints keep it
 ACTIVATIONS = {"gelu": "gelu", "gelu_accurate": "gelu_new", "gelu_fast": "gelu_new", "relu": "relu",
                "tanh": "tanh", "linear": "linear"}
 
@@ -135,13 +136,8 @@ def hf_state_dict(model, order: List[int], head: Optional[str] = None) -> Dict[s
         copy(h + "embeddings.LayerNorm", e + "layernorm_embedding")
     for i in range(len(model.encoder.sentence_encoder.layers)):
         hf, fs = f"{h}encoder.layer.{i}.", f"{e}layers.{i}."
-        for name, proj in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
-            copy(hf + "attention.self." + name, fs + "self_attn." + proj)
-        copy(hf + "attention.output.dense", fs + "self_attn.out_proj")
-        copy(hf + "attention.output.LayerNorm", fs + "self_attn_layer_norm")
-        copy(hf + "intermediate.dense", fs + "fc1")
-        copy(hf + "output.dense", fs + "fc2")
-        copy(hf + "output.LayerNorm", fs + "final_layer_norm")
+        for bert, fairseq_name, _ in BERT_LAYER_NAMES:
+            copy(hf + bert.replace("/", "."), fs + fairseq_name)
     if e + "layer_norm.weight" in sd:
         copy(h + "encoder.final_layer_norm", e + "layer_norm")
     lm = "encoder.lm_head."
