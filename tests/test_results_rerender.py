@@ -285,6 +285,8 @@ def test_report_only_comparison_keeps_only_the_finished_seeds(m30k_slice, tmp_pa
     assert summary["realformer"]["seed_paired_vs_postln"]["per_seed"] == [pytest.approx(0.3)]
     md = (tmp_path / "partial.md").read_text()
     assert "Partial results" in md and "realformer seed 2" in md
+    # 2 seeds of one backbone and 1 of the other: no single "over N seeds" is claimed
+    assert "each backbone's finished seeds" in md and "over 2 seeds" not in md
     assert not (out / "realformer" / "seed2" / "train.log").exists()  # nothing trained
     assert statistics.mean(summary["postln"]["bleu_per_seed"]) == summary["postln"]["bleu"]
 
@@ -345,7 +347,8 @@ def test_summary_rows_are_the_committed_seed_paired_records():
             assert cell["per_seed"] == record["per_seed"] and cell["mean"] == record["mean"]
             assert cell.get("ci95") == record.get("ci95")
     de = rows[0]["cells"]
-    assert summary.cell_text(de[1]) == "+1.33 [+0.05, +2.61]"
+    rec = json.loads((RESULTS / "multi30k_en_de.json").read_text())["realformer_preln"]["seed_paired_vs_preln"]
+    assert summary.cell_text(de[1]) == f"{rec['mean']:+.2f} [{rec['ci95'][0]:+.2f}, {rec['ci95'][1]:+.2f}]"
     lagging = next(r for r in rows if r["depth"] == 12 and r["lr"] == 2.5e-4)["cells"][0]
     assert summary.cell_text(lagging) == "-0.31, -0.56  (both lagging)"
 

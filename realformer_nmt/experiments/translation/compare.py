@@ -127,7 +127,9 @@ def comparison_markdown(summary):
              f"Test BLEU ({fairseq_runs.BLEU_LABELS[summary['recipe'].get('corpus', {}).get('bleu', 'sacrebleu')]}) "
              "of the best checkpoint by "
              f"{'validation BLEU' if settings['select_by_bleu'] else 'validation loss'}, beam {settings['beam']}; "
-             + seeds_phrase(n_seeds, seeds), "",
+             + (seeds_phrase(n_seeds, seeds) if len({len(summary[b]["seeds"]) for b in backbones}) == 1
+                else "mean ± standard deviation over each backbone's finished seeds (listed per seed); a "
+                     "seed-paired difference uses the seeds both backbones have."), "",
              "| backbone | test BLEU | BLEU per seed | best valid loss (mean) | valid loss per seed | "
              + "".join(f"{header} | " for _, header in seed_paired)
              + ("vs Post-LN per seed: ΔBLEU (paired bootstrap p) | " if paired else "")

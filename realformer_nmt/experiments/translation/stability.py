@@ -173,6 +173,10 @@ def plot_stability(summary, path):
         ax.set_title(f"lr {lr}")
         ax.set_xlabel("updates")
         ax.grid(alpha=0.3)
+        if not any(summary["grid"][lr].get(b) for b in summary["backbones"]):
+            ax.text(0.5, 0.5, "no run has finished yet", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            continue
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("validation loss (mean, min-max over seeds)")
     fig.suptitle(f"{summary['title']}: stability limit at {summary['depth']}+{summary['depth']} layers")
