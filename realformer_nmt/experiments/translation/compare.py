@@ -99,8 +99,11 @@ def not_run_lines(summary):
             f"or not finished yet, left out of every number here: {names}.", ""]
 
 
-def seeds_phrase(n_seeds, seeds):
-    """How a table's spread over seeds is given."""
+def seeds_phrase(n_seeds, seeds, equal=True):
+    """How a table's spread over seeds is given (``equal``: every backbone has the same seeds)."""
+    if not equal:
+        return ("mean ± standard deviation over each backbone's finished seeds (listed per seed); a "
+                "seed-paired difference uses the seeds both backbones have.")
     if n_seeds == 1:
         return "**one seed**, so differences of a few tenths are within seed noise."
     if n_seeds == 2:
@@ -127,9 +130,7 @@ def comparison_markdown(summary):
              f"Test BLEU ({fairseq_runs.BLEU_LABELS[summary['recipe'].get('corpus', {}).get('bleu', 'sacrebleu')]}) "
              "of the best checkpoint by "
              f"{'validation BLEU' if settings['select_by_bleu'] else 'validation loss'}, beam {settings['beam']}; "
-             + (seeds_phrase(n_seeds, seeds) if len({len(summary[b]["seeds"]) for b in backbones}) == 1
-                else "mean ± standard deviation over each backbone's finished seeds (listed per seed); a "
-                     "seed-paired difference uses the seeds both backbones have."), "",
+             + seeds_phrase(n_seeds, seeds, equal=len({len(summary[b]["seeds"]) for b in backbones}) == 1), "",
              "| backbone | test BLEU | BLEU per seed | best valid loss (mean) | valid loss per seed | "
              + "".join(f"{header} | " for _, header in seed_paired)
              + ("vs Post-LN per seed: ΔBLEU (paired bootstrap p) | " if paired else "")
