@@ -99,8 +99,8 @@ outputs = model(**tokenizer(["The film was released in 2001 ."], return_tensors=
 Also `AutoModel`, `AutoModelForPreTraining`, `AutoModelForNextSentencePrediction`,
 `AutoModelForSequenceClassification`, `AutoModelForMultipleChoice`,
 `AutoModelForTokenClassification`, `AutoModelForQuestionAnswering`; `attn_implementation`
-`"eager"` or `"sdpa"` (same numbers), `gradient_checkpointing_enable()` and
-`resize_token_embeddings` work as for BERT.
+`"eager"` or `"sdpa"` (same numbers), `activation_checkpointing_enable()` (the older name
+`gradient_checkpointing_enable()` too) and `resize_token_embeddings` work as for BERT.
 
 ## License
 
