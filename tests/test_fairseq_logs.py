@@ -120,3 +120,27 @@ def test_real_fairseq_logs_read_alike_in_both_formats(data_bin, tmp_path):
     for kind in ("valid", "train"):
         assert parsed["json"][kind] and untimed(parsed["json"][kind]) == untimed(parsed["simple"][kind])
     assert parsed["json"]["valid"][-1]["update"] == 6
+
+
+def test_a_rerun_says_whether_it_resumes_or_restarts(tmp_path):
+    """An unfinished attempt with a checkpoint resumes; one killed before its first checkpoint
+    starts again from update 0, and the message says which."""
+    import sys
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-c", "print(" + repr(JSON_LINES[3]) + ")", "--save-dir", str(run_dir)]
+
+    def rerun():
+        (run_dir / "train.json").unlink(missing_ok=True)
+        messages = []
+        record = fairseq_runs.train_resumable(cmd, str(run_dir), log=messages.append)
+        return record, messages
+
+    record, messages = rerun()
+    assert record["attempts"] == 1 and not any("resuming" in m or "restarting" in m for m in messages)
+    record, messages = rerun()
+    assert record["attempts"] == 2 and any("restarting from update 0" in m for m in messages)
+    (run_dir / "checkpoint_last.pt").write_bytes(b"")
+    record, messages = rerun()
+    assert record["attempts"] == 3 and any("resuming (fairseq continues from checkpoint_last.pt)" in m
+                                           for m in messages)
+    assert record["curve"][-1]["update"] == 6

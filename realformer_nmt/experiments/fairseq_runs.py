@@ -184,7 +184,10 @@ def train_resumable(cmd, run_dir, label="", log=print, max_update=None, env=None
         raise RunError(f"{run_dir} holds an unfinished run made with a different command "
                        f"({attempts_path}); use another --out, or delete that folder to retrain")
     if attempts:
-        log(f"{label}resuming (fairseq continues from checkpoint_last.pt)")
+        if os.path.exists(os.path.join(run_dir, "checkpoint_last.pt")):
+            log(f"{label}resuming (fairseq continues from checkpoint_last.pt)")
+        else:
+            log(f"{label}restarting from update 0 (the last attempt stopped before its first checkpoint)")
     attempts.append({"command": command, "start": time.time(), "end": None})
     write_json(attempts_path, attempts)
     returncode, lines = run_logged(command, log_path, label, log, max_update, env)
