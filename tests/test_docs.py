@@ -694,7 +694,8 @@ def test_every_study_in_results_md_has_the_same_shape():
     assert {"Post-LN vs Pre-LN vs RealFormer on Multi30k En->De", "A second language pair: Multi30k En->Fr",
             "Depth stress test: narrow deep models (6+6 and 12+12 layers)", "Stability limit at 12+12 layers",
             "Which path matters (path ablation), seeds 1-2", "BERT-style encoders on WikiText-2 (masked LM)",
-            "Learning-rate sweep, 200 updates (one seed)", "Attention analysis (the paper's Figs 4-8)"} <= names
+            "Learning-rate sweep, 200 updates (one seed)", "Attention analysis (the paper's Figs 4-8)",
+            "Learning-rate limit at 6+6 layers (the paper's Fig. 3)"} <= names
     for study in studies:
         running = "Not known yet" in study  # a study still training: question, answer, command
         for part in (STUDY_SHAPE[:2] + ("```bash",) if running else STUDY_SHAPE):

@@ -330,11 +330,15 @@ def test_summary_rows_are_the_committed_seed_paired_records():
     rows = summary.summary_rows(str(RESULTS))
     labels = [summary.row_label(r) for r in rows]
     assert labels[:2] == ["comparison: En→De, 3+3, lr 1e-3, 1800 upd.", "comparison: En→Fr, 3+3, lr 1e-3, 1800 upd."]
-    # each stability grid's lr 1e-3 column is the depth test's runs (6+6: lr_limit_depth6, 12+12:
-    # stability_depth12): one row, both names
-    assert "depth stress = stability limit: En→De, 6+6, lr 1e-3, 1200 upd." in labels
-    assert "stability limit: En→De, 6+6, lr 4e-3, 1200 upd." in labels
+    # a stability grid's lr 1e-3 column that holds exactly the depth test's runs is one row with both
+    # names (12+12); at 6+6 the grid added seed 3 to the depth test's seeds 1-2: two rows
     assert "depth stress = stability limit: En→De, 12+12, lr 1e-3, 1200 upd." in labels
+    six = {label: row for label, row in zip(labels, rows) if ", 6+6, lr 1e-3," in label}
+    assert sorted(six) == ["depth stress: En→De, 6+6, lr 1e-3, 1200 upd.",
+                           "stability limit: En→De, 6+6, lr 1e-3, 1200 upd."]
+    depth, grid = (six[k]["cells"][0]["per_seed"] for k in sorted(six))
+    assert len(grid) == 3 and grid[:2] == depth
+    assert "stability limit: En→De, 6+6, lr 4e-3, 1200 upd." in labels
     assert "stability limit: En→De, 12+12, lr 2.5e-4, 1200 upd." in labels
     assert labels[-1] == "masked LM: WikiText-2, 4 layers, lr 1e-3, 600 upd."
     assert not any("ablation" in label for label in labels)
@@ -394,3 +398,26 @@ def test_a_study_written_beside_summary_png_redraws_it(tmp_path):
     assert (tmp_path / "summary.png").read_bytes().startswith(b"\x89PNG")
     names = {r["name"] for r in summary.summary_rows(str(tmp_path))}
     assert names == {"multi30k_en_de", "lr_limit_depth6"}
+
+
+def test_summary_labels_end_inside_their_panel():
+    """A label drawn right of a wide interval (e.g. +2.84 [-13.36, +19.05] (both lagging)) must not
+    run into the next panel: the x-limit is widened until the longest label fits."""
+    from realformer_nmt.experiments.translation import summary
+    from realformer_nmt.experiments.translation.report import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3))
+    cells = [dict(mean=2.84, ci95=[-13.36, 19.05], per_seed=[3.47, 9.03, -3.97], failed=True),
+             dict(mean=0.27, ci95=[-0.31, 0.84], per_seed=[0.0, 0.38, 0.42], failed=False)]
+    labels = [summary._draw_cell(ax, y, cell, "C0") for y, cell in enumerate(cells, 1)]
+    left = -15.0
+    ax.set_xlim(left, 19.05 * 1.1)  # what a fixed margin gave: the first label overflows
+    renderer = fig.canvas.get_renderer()
+    assert labels[0][1].get_window_extent(renderer).x1 > ax.get_window_extent(renderer).x1
+    ax.set_xlim(left, summary._right_limit(fig, ax, left, labels))
+    box = ax.get_window_extent(renderer)
+    for _, label in labels:
+        extent = label.get_window_extent(renderer)
+        assert box.x0 < extent.x0 and extent.x1 <= box.x1
+    plt.close(fig)

@@ -161,8 +161,25 @@ def _draw_cell(ax, y, cell, color):
             ax.plot([min(seeds), max(seeds)], [y, y], color=color, lw=0.8, ls=":", zorder=2)
         ax.plot(seeds, [y] * len(seeds), "o", ms=6.5, color="white", mec=color, mew=1.6, zorder=3)
     x_text = max([*seeds, *(cell.get("ci95") or [])])
-    ax.annotate(cell_text(cell), (x_text, y), xytext=(13, 0), textcoords="offset points", va="center",
-                fontsize=8.5, color="0.15")
+    label = ax.annotate(cell_text(cell), (x_text, y), xytext=(LABEL_OFFSET_PT, 0), textcoords="offset points",
+                        va="center", fontsize=8.5, color="0.15")
+    return x_text, label
+
+
+LABEL_OFFSET_PT = 13
+
+
+def _right_limit(fig, ax, low, labels):
+    """The smallest right x-limit (with ``low`` on the left) at which every label, drawn at a fixed
+    offset in points right of its data x, ends inside ``ax``."""
+    renderer = fig.canvas.get_renderer()
+    width = ax.get_window_extent(renderer).width
+    right = None
+    for x_text, label in labels:
+        free = 1 - (label.get_window_extent(renderer).width + (LABEL_OFFSET_PT + 6) * fig.dpi / 72) / width
+        needed = low + (x_text - low) / max(free, 0.05)
+        right = needed if right is None else max(right, needed)
+    return right
 
 
 def plot_summary(rows, path):
@@ -181,6 +198,7 @@ def plot_summary(rows, path):
         values = [v for r in group for c in r["cells"] if c for v in [*c["per_seed"], *(c.get("ci95") or [])]]
         low, high = min(values + [0.0]), max(values + [0.0])
         span = max(high - low, 0.5)
+        labels = []
         for col, (_, _, title) in enumerate(COMPARISONS):
             ax = axes[g][col]
             ax.axvline(0, color="black", lw=1)
@@ -192,7 +210,7 @@ def plot_summary(rows, path):
                 if cell is None:
                     ax.text(0, y, " not run", va="center", fontsize=8, color="0.55")
                 else:
-                    _draw_cell(ax, y, cell, colors[col])
+                    labels.append((ax, _draw_cell(ax, y, cell, colors[col])))
             ax.set_ylim(0.4, len(group) + 0.6)
             ax.set_xlim(low - 0.08 * span, high + 0.42 * span)
             ax.set_xlabel(f"{title}, same seed ({unit})")
@@ -202,6 +220,11 @@ def plot_summary(rows, path):
             ax.tick_params(axis="y", length=0)
             if g == 0:
                 ax.set_title(title, fontsize=11, fontweight="bold")
+        # both columns share one scale, wide enough that no label runs past its panel
+        left = low - 0.08 * span
+        right = max([high + 0.42 * span] + [_right_limit(fig, ax, left, [lab]) for ax, lab in labels])
+        for ax in axes[g]:
+            ax.set_xlim(left, right)
     fig.suptitle("Seed-paired differences, every study (results/*.json). ◆ mean with its 95% interval "
                  "(filled: excludes 0; | each seed); ○ each seed where there are one or two", fontsize=10, y=0.995)
     fig.savefig(path, dpi=110, bbox_inches="tight")
