@@ -414,10 +414,10 @@ def test_summary_labels_end_inside_their_panel():
     left = -15.0
     ax.set_xlim(left, 19.05 * 1.1)  # what a fixed margin gave: the first label overflows
     renderer = fig.canvas.get_renderer()
-    assert labels[0][1].get_window_extent(renderer).x1 > ax.get_window_extent(renderer).x1
-    ax.set_xlim(left, summary._right_limit(fig, ax, left, labels))
+    assert labels[0].get_window_extent(renderer).x1 > ax.get_window_extent(renderer).x1
+    ax.set_xlim(left, summary._right_limit(fig, left, labels, default=19.05 * 1.1))
     box = ax.get_window_extent(renderer)
-    for _, label in labels:
+    for label in labels:
         extent = label.get_window_extent(renderer)
         assert box.x0 < extent.x0 and extent.x1 <= box.x1
     plt.close(fig)

@@ -146,7 +146,11 @@ def cell_text(cell):
     return text + ("  (both lagging)" if cell["failed"] else "")
 
 
+LABEL_OFFSET_PT = 13
+
+
 def _draw_cell(ax, y, cell, color):
+    """Draw one cell at row ``y``; returns its text label (anchored at the cell's rightmost x)."""
     seeds = cell["per_seed"]
     if cell.get("ci95"):
         low, high = cell["ci95"]
@@ -161,25 +165,20 @@ def _draw_cell(ax, y, cell, color):
             ax.plot([min(seeds), max(seeds)], [y, y], color=color, lw=0.8, ls=":", zorder=2)
         ax.plot(seeds, [y] * len(seeds), "o", ms=6.5, color="white", mec=color, mew=1.6, zorder=3)
     x_text = max([*seeds, *(cell.get("ci95") or [])])
-    label = ax.annotate(cell_text(cell), (x_text, y), xytext=(LABEL_OFFSET_PT, 0), textcoords="offset points",
-                        va="center", fontsize=8.5, color="0.15")
-    return x_text, label
+    return ax.annotate(cell_text(cell), (x_text, y), xytext=(LABEL_OFFSET_PT, 0), textcoords="offset points",
+                       va="center", fontsize=8.5, color="0.15")
 
 
-LABEL_OFFSET_PT = 13
-
-
-def _right_limit(fig, ax, low, labels):
-    """The smallest right x-limit (with ``low`` on the left) at which every label, drawn at a fixed
-    offset in points right of its data x, ends inside ``ax``."""
+def _right_limit(fig, low, labels, default):
+    """The smallest right x-limit, at least ``default``, with ``low`` on the left, at which every
+    label (drawn a fixed offset in points right of its anchor) ends inside its own axes."""
     renderer = fig.canvas.get_renderer()
-    width = ax.get_window_extent(renderer).width
-    right = None
-    for x_text, label in labels:
+    needed = [default]
+    for label in labels:
+        width = label.axes.get_window_extent(renderer).width
         free = 1 - (label.get_window_extent(renderer).width + (LABEL_OFFSET_PT + 6) * fig.dpi / 72) / width
-        needed = low + (x_text - low) / max(free, 0.05)
-        right = needed if right is None else max(right, needed)
-    return right
+        needed.append(low + (label.xy[0] - low) / max(free, 0.05))
+    return max(needed)
 
 
 def plot_summary(rows, path):
@@ -210,9 +209,8 @@ def plot_summary(rows, path):
                 if cell is None:
                     ax.text(0, y, " not run", va="center", fontsize=8, color="0.55")
                 else:
-                    labels.append((ax, _draw_cell(ax, y, cell, colors[col])))
+                    labels.append(_draw_cell(ax, y, cell, colors[col]))
             ax.set_ylim(0.4, len(group) + 0.6)
-            ax.set_xlim(low - 0.08 * span, high + 0.42 * span)
             ax.set_xlabel(f"{title}, same seed ({unit})")
             ax.grid(axis="x", color="0.85", lw=0.6)
             ax.set_yticks(range(1, len(group) + 1))
@@ -222,7 +220,7 @@ def plot_summary(rows, path):
                 ax.set_title(title, fontsize=11, fontweight="bold")
         # both columns share one scale, wide enough that no label runs past its panel
         left = low - 0.08 * span
-        right = max([high + 0.42 * span] + [_right_limit(fig, ax, left, [lab]) for ax, lab in labels])
+        right = _right_limit(fig, left, labels, default=high + 0.42 * span)
         for ax in axes[g]:
             ax.set_xlim(left, right)
     fig.suptitle("Seed-paired differences, every study (results/*.json). ◆ mean with its 95% interval "
