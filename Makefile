@@ -56,7 +56,7 @@ lint: setup
 	$(PY) -m ruff check .
 
 gpu-check: $(PY_SETUP)
-	$(PY) -m realformer_nmt.experiments.gpu_check $(GPU_CHECK_ARGS)
+	$(PY) -m realformer_tools.experiments.gpu_check $(GPU_CHECK_ARGS)
 
 gpu-wheels: $(PY_SETUP)
 	rm -rf $(WHEELS) && mkdir -p $(WHEELS)/optional

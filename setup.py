@@ -9,7 +9,7 @@ from setuptools.command.build_py import build_py
 KERNEL_RULE = os.path.join("results", "gpu", "kernel_rule.json")
 PACKAGED_KERNEL_RULE = os.path.join("realformer_nmt", "modules", "kernel_rule.json")
 
-# console commands -> the same main() that scripts/<name>.py runs in a checkout
+# console commands -> the same main() in realformer_tools.cli that scripts/<name>.py runs in a checkout
 COMMANDS = {
     "realformer-prepare-data": "prepare_data:main",
     "realformer-prepare-pretraining-data": "prepare_pretraining_data:main",
@@ -24,6 +24,24 @@ COMMANDS = {
     "realformer-benchmark-kernels": "benchmark_kernels:command",
     "realformer-nmt-user-dir": "user_dir:main",
 }
+
+
+# What the tools (commands, corpora, harness, conversion) need beyond the plugin, which needs
+# fairseq-fixed alone: `pip install realformer-nmt` is the --user-dir plugin,
+# `pip install 'realformer-nmt[tools]'` adds what the commands import.
+TOOLS = [
+    "sentencepiece",
+    "sacrebleu>=2.0",
+    "scipy",  # Student t intervals of the seed-paired differences
+    # IWSLT'14 as fairseq prepares it: Moses tokenizer/detokenizer and subword-nmt BPE
+    "sacremoses>=0.2.0",
+    "subword-nmt>=0.3.8",
+    # fairseq logs "Please install tensorboardX" at import without it (every fairseq-* command);
+    # with it, fairseq's --tensorboard-logdir works
+    "tensorboardX",
+    "matplotlib",  # the studies' figures
+]
+HF = ["transformers==5.24.0", "protobuf==7.36.2"]  # protobuf: reading spm.model
 
 
 class BuildPyWithKernelRule(build_py):
@@ -49,28 +67,19 @@ setup(
         "Intended Audience :: Science/Research",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
-    packages=find_packages(include=["realformer_nmt", "realformer_nmt.*"]),
+    # two packages: realformer_nmt (the plugin, what --user-dir loads) and realformer_tools (the commands)
+    packages=find_packages(include=["realformer_nmt", "realformer_nmt.*", "realformer_tools", "realformer_tools.*"]),
     cmdclass={"build_py": BuildPyWithKernelRule},
-    entry_points={"console_scripts": [f"{name} = realformer_nmt.cli.{target}" for name, target in COMMANDS.items()]},
+    entry_points={"console_scripts": [f"{name} = realformer_tools.cli.{target}" for name, target in COMMANDS.items()]},
     python_requires=">=3.9",
     # torch is deliberately not listed: pip must never replace the torch a user has
     # (CPU or a CUDA build). Install torch first; see README.
-    install_requires=[
-        "fairseq-fixed==0.12.3.1",
-        "sentencepiece",
-        "sacrebleu>=2.0",
-        "scipy",  # Student t intervals of the seed-paired differences
-        # IWSLT'14 as fairseq prepares it: Moses tokenizer/detokenizer and subword-nmt BPE
-        "sacremoses>=0.2.0",
-        "subword-nmt>=0.3.8",
-        # fairseq logs "Please install tensorboardX" at import without it (every fairseq-* command);
-        # with it, fairseq's --tensorboard-logdir works
-        "tensorboardX",
-    ],
-    extras_require={"test": ["pytest", "matplotlib", "ruff==0.17.6", "transformers==5.24.0", "protobuf==7.36.2"],
+    install_requires=["fairseq-fixed==0.12.3.1"],  # the plugin's only requirement (besides torch)
+    extras_require={"tools": TOOLS,
+                    "test": TOOLS + ["pytest", "ruff==0.17.6"] + HF,
                     "plot": ["matplotlib"],
                     # scripts/export_hf.py and the exported folders (AutoModel*.from_pretrained)
-                    "hf": ["transformers==5.24.0", "protobuf==7.36.2"],  # protobuf: reading spm.model
+                    "hf": HF,
                     # optional: convert_google_checkpoint.py --reader tensorflow (TensorFlow's own reader)
                     "convert-tf": ["tensorflow-cpu"]},
 )

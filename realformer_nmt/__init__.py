@@ -2,12 +2,12 @@
 
 Importing this package, or passing ``--user-dir realformer_nmt`` to a fairseq CLI,
 registers the RealFormer models and architectures and installs the fixes to fairseq
-0.12 itself (``fairseq_patches``: safe checkpoint loading, atomic checkpoint copies,
-no dropped batches, ...).
+0.12 itself (``realformer_tools.fairseq_fixes``: safe checkpoint loading, atomic checkpoint
+copies, no dropped batches, ...).
 
-Layout: ``modules/`` (the residual attention rule and the layers), ``models/`` (the
-registered models), ``fairseq_patches/``, ``data/`` (corpus preparation) and
-``experiments/`` (benchmarks and comparisons, fronted by ``scripts/``).
+This package is the plugin: ``modules/`` (the residual attention rule and the layers),
+``models/`` (the registered models), ``tasks/`` and ``criterions/``. The tools (commands,
+corpora, comparisons, conversion, export) are the ``realformer_tools`` package beside it.
 """
 
 from ._import_logging import root_logging_unchanged
@@ -16,7 +16,7 @@ from .errors import install_excepthook
 install_excepthook()
 
 with root_logging_unchanged():  # fairseq's imports configure the root logger (see _import_logging)
-    from . import fairseq_patches  # noqa: E402
+    from realformer_tools import fairseq_fixes as fairseq_patches  # noqa: E402
     from . import residual_config  # noqa: E402
 
     fairseq_patches.install_all()

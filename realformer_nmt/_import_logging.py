@@ -16,8 +16,8 @@ Not needed once importing fairseq leaves the root logger alone: ``python -c "imp
 fairseq.models; print(logging.getLogger().handlers)"`` prints ``[]``.
 
 fairseq's import-time "Please install tensorboardX" line (``fairseq.tasks.text_to_speech``,
-on every ``fairseq-*`` command, before any plugin loads) is gone because ``tensorboardX`` is a
-dependency of this package (setup.py); with it, fairseq's ``--tensorboard-logdir`` works too.
+on every ``fairseq-*`` command, before any plugin loads) is gone where ``tensorboardX`` is
+installed (setup.py's ``tools`` extra); with it, fairseq's ``--tensorboard-logdir`` works too.
 """
 
 import contextlib

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Attention entropy and adjacent-layer JSD per layer and head, with the paper's violin
 
-Runs ``realformer_nmt/cli/analyze_attention.py`` from a checkout (the wheel installs it as the command
+Runs ``realformer_tools/cli/analyze_attention.py`` from a checkout (the wheel installs it as the command
 ``realformer-analyze-attention``). ``--help`` lists its flags and examples.
 """
 
@@ -12,7 +12,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from realformer_nmt.cli.analyze_attention import command, main  # noqa: E402,F401
+from realformer_tools.cli.analyze_attention import command, main  # noqa: E402,F401
 
 if __name__ == "__main__":
     sys.exit(command())

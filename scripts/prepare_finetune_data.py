@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Prepare a labelled TSV for fine-tuning a pre-trained encoder (--task sentence_prediction).
 
-Runs ``realformer_nmt/cli/prepare_finetune_data.py`` from a checkout (the wheel installs it as the
+Runs ``realformer_tools/cli/prepare_finetune_data.py`` from a checkout (the wheel installs it as the
 command ``realformer-prepare-finetune-data``). ``--help`` lists its flags and examples.
 """
 
@@ -12,7 +12,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from realformer_nmt.cli.prepare_finetune_data import main, parse_args  # noqa: E402,F401
+from realformer_tools.cli.prepare_finetune_data import main, parse_args  # noqa: E402,F401
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Prepare raw text for encoder pre-training: documents -> SentencePiece -> fairseq binaries.
 
-Runs ``realformer_nmt/cli/prepare_pretraining_data.py`` from a checkout (the wheel installs it as the command
+Runs ``realformer_tools/cli/prepare_pretraining_data.py`` from a checkout (the wheel installs it as the command
 ``realformer-prepare-pretraining-data``). ``--help`` lists its flags and examples.
 """
 
@@ -12,7 +12,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from realformer_nmt.cli.prepare_pretraining_data import main, parse_args  # noqa: E402,F401
+from realformer_tools.cli.prepare_pretraining_data import main, parse_args  # noqa: E402,F401
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -131,7 +131,7 @@ def prepared_wikitext2(tmp_path_factory):
     The first caller builds it, later callers (in other test modules) find it finished.
     A folder a failed build left unfinished is removed and built from scratch: no test
     reads data that an earlier failure half wrote."""
-    from realformer_nmt.data import pretraining
+    from realformer_tools.data import pretraining
 
     out = tmp_path_factory.getbasetemp() / "wikitext2_bert_bin"
     if pretraining.prepared(str(out)) is None:

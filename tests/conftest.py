@@ -40,10 +40,10 @@ TINY = dict(
 
 TRAINING_COMMANDS = ("fairseq-train", "fairseq_cli.train", "fairseq-hydra-train", "fairseq_cli.hydra_train",
                      "torchrun", "run_demo.py", "compare_backbones.py", "compare_mlm_backbones.py",
-                     "realformer_nmt.experiments.gpu_check",
-                     # the same as installed commands and modules (realformer_nmt.cli)
-                     "realformer-demo", "realformer-compare-", "realformer_nmt.cli.run_demo",
-                     "realformer_nmt.cli.compare_")
+                     "realformer_tools.experiments.gpu_check",
+                     # the same as installed commands and modules (realformer_tools.cli)
+                     "realformer-demo", "realformer-compare-", "realformer_tools.cli.run_demo",
+                     "realformer_tools.cli.compare_")
 _current_item = None
 _real_popen_init = subprocess.Popen.__init__
 

@@ -20,7 +20,7 @@ from conftest import REPO, USER_DIR, batch, build, cli_env, make_dictionary, tra
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
 from realformer_nmt.errors import CheckpointFileError, DataError
-from realformer_nmt.experiments import attention_analysis as aa
+from realformer_tools.experiments import attention_analysis as aa
 
 SCRIPT = str(REPO / "scripts" / "analyze_attention.py")
 LN2 = math.log(2)

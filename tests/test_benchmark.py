@@ -5,7 +5,7 @@ import weakref
 
 import torch
 
-from realformer_nmt.experiments import benchmark
+from realformer_tools.experiments import benchmark
 
 
 class _Softmax(torch.nn.Module):

@@ -14,7 +14,7 @@ import pytest
 from conftest import BIN, REPO, USER_DIR, cli_env
 from test_docs import bash_commands, commands, invocation, section, split_markdown
 
-from realformer_nmt.cli import prepare_pretraining_data
+from realformer_tools.cli import prepare_pretraining_data
 
 CPU_PATH = "Pre-train, fine-tune and evaluate on a CPU (offline)"
 SHARED = REPO.parent / "shared" / "data"

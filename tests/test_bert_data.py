@@ -16,7 +16,6 @@ from bert_helpers import REPO, WIKITEXT2, prepared_wikitext2
 from conftest import cli_env
 from fairseq.data import Dictionary, data_utils
 
-from realformer_nmt.data import pretraining, wikitext
 from realformer_nmt.errors import DataError
 from realformer_nmt.tasks.masked_lm_nsp import MaskedLMNextSentenceTask, MaskedLMNSPConfig
 from realformer_nmt.tasks.next_sentence_pairs import (
@@ -25,6 +24,7 @@ from realformer_nmt.tasks.next_sentence_pairs import (
     build_segments,
     document_spans,
 )
+from realformer_tools.data import pretraining, wikitext
 
 SCRIPT = REPO / "scripts" / "prepare_pretraining_data.py"
 

@@ -19,7 +19,7 @@ from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models.transformer import TransformerModel
 
-from realformer_nmt.fairseq_patches import cpu_bf16
+from realformer_tools.fairseq_fixes import cpu_bf16
 
 
 def inference_cfg(*flags):

@@ -1,5 +1,5 @@
 """The backbone comparison harness (scripts/compare_backbones.py,
-realformer_nmt/experiments/translation/ and fairseq_runs.py), through the real fairseq CLIs.
+realformer_tools/experiments/translation/ and fairseq_runs.py), through the real fairseq CLIs.
 
 Tiny models and a few updates only: these prove the plumbing (JSON/MD/PNG, sacreBLEU
 in corpus order, resume, divergence handling, --eval-bleu checkpoint selection), not
@@ -19,9 +19,9 @@ import pytest
 import sacrebleu
 from conftest import BIN, REPO, USER_DIR, cli_env, require_shared_data
 
-from realformer_nmt.data import multi30k, pipeline
 from realformer_nmt.errors import ConfigError
-from realformer_nmt.experiments import compare, fairseq_runs
+from realformer_tools.data import multi30k, pipeline
+from realformer_tools.experiments import compare, fairseq_runs
 
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 TINY_SIZE = dict(layers=2, embed_dim=32, ffn_dim=64, heads=2)

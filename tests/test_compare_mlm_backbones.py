@@ -13,7 +13,7 @@ from bert_helpers import prepared_wikitext2
 from conftest import REPO, USER_DIR, cli_env
 from fairseq.data import Dictionary, data_utils
 
-from realformer_nmt.experiments import mlm_compare
+from realformer_tools.experiments import mlm_compare
 
 
 def tiny_recipe(**overrides):

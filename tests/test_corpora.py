@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import require_shared_data
 
-from realformer_nmt.data import corpora, multi30k, pipeline, synthetic_en_de
+from realformer_tools.data import corpora, multi30k, pipeline, synthetic_en_de
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K_DIR = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "multi30k"))
@@ -254,7 +254,7 @@ def _fake_multi30k_fr(raw_dir):
 
 
 def test_prepare_records_languages_and_the_harness_reads_them(tmp_path):
-    from realformer_nmt.experiments import compare
+    from realformer_tools.experiments import compare
 
     _fake_multi30k_fr(tmp_path / "raw")
     dest = tmp_path / "bin"
@@ -285,14 +285,14 @@ def test_prepare_records_languages_and_the_harness_reads_them(tmp_path):
 def test_max_len_a_keeps_en_de_at_its_committed_bound():
     """The committed En->De results decoded with --max-len-a 1.5: its measured piece ratio
     (1.0346) must still give 1.5, and En->Fr's (1.13) the 1.7 its runs used."""
-    from realformer_nmt.experiments.translation.recipe import max_len_a
+    from realformer_tools.experiments.translation.recipe import max_len_a
 
     assert [max_len_a(r) for r in (None, 0.8, 1.0346, 1.13, 1.26)] == [1.5, 1.5, 1.5, 1.7, 2.0]
 
 
 def test_en_de_data_without_language_records_keeps_its_bounds(tmp_path):
     """A data dir prepared before prepare.json named languages reads as En->De, bound 1.5x+10."""
-    from realformer_nmt.experiments import compare
+    from realformer_tools.experiments import compare
 
     (tmp_path / "prepare.json").write_text('{"raw_dir": "/x", "settings": {"corpus": "multi30k"}}')
     info = compare.corpus_info(str(tmp_path))

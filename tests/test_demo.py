@@ -15,7 +15,7 @@ import sys
 import pytest
 from conftest import REPO, cli_env
 
-from realformer_nmt.cli import _demo, run_demo
+from realformer_tools.cli import _demo, run_demo
 
 SCRIPT = REPO / "scripts" / "run_demo.py"
 TINY = ["--layers", "1", "--embed-dim", "32", "--max-tokens", "1024", "--max-update", "3",

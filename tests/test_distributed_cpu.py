@@ -1,5 +1,5 @@
 """Several CPU ranks: the documented two-rank recipe with both DDP backends,
-``fairseq-train --cpu --distributed-world-size 2`` (fairseq_patches.cpu_distributed), and
+``fairseq-train --cpu --distributed-world-size 2`` (fairseq_fixes.cpu_distributed), and
 the multi-machine recipe with two "nodes" on localhost."""
 
 import argparse
@@ -17,8 +17,8 @@ from fairseq.models import DistributedFairseqModel
 from omegaconf import OmegaConf
 
 from realformer_nmt.errors import ConfigError
-from realformer_nmt.experiments.distributed_runs import NODE_LAUNCHERS, free_port, train_nodes, train_ranks
-from realformer_nmt.fairseq_patches import cpu_distributed
+from realformer_tools.experiments.distributed_runs import NODE_LAUNCHERS, free_port, train_nodes, train_ranks
+from realformer_tools.fairseq_fixes import cpu_distributed
 
 COMMON = ["--user-dir", USER_DIR, "--arch", "realformer_transformer", *TINY_FLAGS,
           "--max-tokens", "500", "--max-epoch", "1", "--log-format", "simple"]  # the last --max-tokens wins

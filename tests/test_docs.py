@@ -4,16 +4,16 @@ run as written, as far as that can be checked in seconds without training anythi
 * every relative link (and image) in README.md and docs/*.md points to an existing file
   or folder, and a ``#heading`` anchor to a heading of that page (GitHub's anchor rule);
 * every ``python scripts/<name>.py`` named anywhere exists and answers ``--help`` with
-  exit status 0 (and so does every ``python -m realformer_nmt...`` module named);
+  exit status 0 (and so does every ``python -m realformer_tools...`` module named);
 * every command in a ```bash block that runs ``python scripts/X.py`` or
-  ``python -m realformer_nmt.X`` gets its arguments accepted by that script's own parser
+  ``python -m realformer_tools.X`` gets its arguments accepted by that script's own parser
   (its ``parse_args(argv)`` with the script's own checks, or ``main(argv)`` stopped right
   after argparse), and every ``fairseq-train/-generate/-interactive/-preprocess/-validate/
   -eval-lm`` command gets its flags accepted by fairseq's own parser with the plugin loaded
   (``options.parse_args_and_arch``: data paths need not exist), and RealFormer's flag
   values by ``residual_config.resolve``;
 * every ``make <target>`` named exists in the Makefile; every ``scripts/``, ``tests/`` and
-  ``realformer_nmt/`` file named exists;
+  ``realformer_nmt/`` and ``realformer_tools/`` file named exists;
 * ```python blocks compile; the README stays a front page (at most 250 lines).
 
 How commands are read from a bash block: lines ending in ``\\`` are joined, ``# comments``
@@ -227,7 +227,7 @@ def invocation(words):
         return None
     head = words[0]
     if head in PYTHONS and len(words) > 1:
-        if words[1] == "-m" and len(words) > 2 and words[2].startswith("realformer_nmt"):
+        if words[1] == "-m" and len(words) > 2 and words[2].startswith(("realformer_nmt", "realformer_tools")):
             return "module", words[2], words[3:]
         m = re.match(r"^scripts/([\w-]+)\.py$", words[1])
         if m:
@@ -381,7 +381,7 @@ def test_every_relative_link_resolves():
 
 def test_every_named_repository_file_exists():
     problems = []
-    pattern = re.compile(r"(?<![\w./-])((?:scripts|tests|realformer_nmt)/[\w./*-]*\w\.(?:py|sh))(?![\w/])")
+    pattern = re.compile(r"(?<![\w./-])((?:scripts|tests|realformer_(?:nmt|tools))/[\w./*-]*\w\.(?:py|sh))(?![\w/])")
     for page, text in all_text():
         for m in pattern.finditer(text):
             name = m.group(1)
@@ -403,7 +403,7 @@ def test_every_named_script_and_module_answers_help():
     scripts, modules = set(), set()
     for _, text in all_text():
         scripts.update(re.findall(r"python\S* scripts/([\w-]+)\.py", text))
-        modules.update(re.findall(r"python\S* -m (realformer_nmt(?:\.\w+)+)", text))
+        modules.update(re.findall(r"python\S* -m (realformer_(?:nmt|tools)(?:\.\w+)+)", text))
     assert scripts, "no `python scripts/...` command found in the docs"
     missing = sorted(s for s in scripts if not (REPO / "scripts" / f"{s}.py").exists())
     assert not missing, f"scripts named in the docs but missing: {missing}"
@@ -580,12 +580,12 @@ def fairseq_namespace(tool, words):
 def test_readme_demo_paragraph_says_what_a_slow_machine_gets(monkeypatch):
     import importlib
 
-    demo = importlib.import_module("realformer_nmt.cli.run_demo")  # what scripts/run_demo.py runs
+    demo = importlib.import_module("realformer_tools.cli.run_demo")  # what scripts/run_demo.py runs
     text = " ".join(section("README.md", "Two commands on a fresh machine").split())
     defaults = demo.parse_args([])
     assert f"{defaults.max_update} updates" in text and f"capped at {defaults.max_minutes:g} minutes" in text
     assert "`UNDERTRAINED: ...`" in text and 'print(f"UNDERTRAINED: training stopped early' in \
-        (REPO / "realformer_nmt" / "cli" / "run_demo.py").read_text(encoding="utf-8")
+        (REPO / "realformer_tools" / "cli" / "run_demo.py").read_text(encoding="utf-8")
     monkeypatch.setenv("MAKELEVEL", "1")  # the command the demo prints under `make demo`, verbatim
     assert f"`{demo.continue_command(defaults)}` (no cap; it continues from `checkpoint_last.pt`)" in text
     # make's own report of a failed recipe: "Error <the demo's status>", and make exits 2
@@ -657,7 +657,7 @@ def test_development_guide_gives_idle_test_times_and_says_load_multiplies_them()
 def test_readme_results_open_with_the_summary_figure_the_rerender_draws(tmp_path):
     import shutil
 
-    from realformer_nmt.experiments.translation import rerender
+    from realformer_tools.experiments.translation import rerender
 
     lines = [line for line in section("README.md", "Results").splitlines()
              if line.strip() and not line.startswith(("<!--", "## "))]
@@ -669,7 +669,7 @@ def test_readme_results_open_with_the_summary_figure_the_rerender_draws(tmp_path
     assert rerender.main(sorted(str(p) for p in tmp_path.glob("*.json"))) == 0
     assert (tmp_path / "summary.png").read_bytes().startswith(b"\x89PNG")
     blocks, _ = split_markdown(section("docs/results.md", "The comparison harness"))
-    assert any("python -m realformer_nmt.experiments.translation.rerender results/*.json" in code
+    assert any("python -m realformer_tools.experiments.translation.rerender results/*.json" in code
                for lang, _, code in blocks if lang == "bash")
 
 

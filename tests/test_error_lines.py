@@ -10,7 +10,7 @@ import pytest
 from cli_helpers import TINY_FLAGS, binarize
 from conftest import BIN, USER_DIR, cli_env
 
-from realformer_nmt.fairseq_patches.checkpoint_errors import first_sentence as _first_sentence
+from realformer_tools.fairseq_fixes.checkpoint_errors import first_sentence as _first_sentence
 
 
 def run_cli(tool, *args):

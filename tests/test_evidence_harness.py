@@ -16,8 +16,8 @@ import sacrebleu
 from conftest import REPO, cli_env
 from test_compare_backbones import m30k_slice, tiny_recipe  # noqa: F401  (fixture)
 
-from realformer_nmt.experiments import compare, fairseq_runs
-from realformer_nmt.experiments.translation import depth as depth_study
+from realformer_tools.experiments import compare, fairseq_runs
+from realformer_tools.experiments.translation import depth as depth_study
 
 SCRIPT = str(REPO / "scripts" / "compare_backbones.py")
 TINY_SIZE_CLI = ["--embed-dim", "32", "--ffn-dim", "64", "--heads", "2", "--max-update", "4",

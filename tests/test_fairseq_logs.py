@@ -8,9 +8,9 @@ import subprocess
 import pytest
 from conftest import BIN, REPO, USER_DIR, cli_env
 
-from realformer_nmt.experiments import fairseq_logs, fairseq_runs, mlm_compare
-from realformer_nmt.experiments.translation import imports
-from realformer_nmt.experiments.translation.recipe import Recipe
+from realformer_tools.experiments import fairseq_logs, fairseq_runs, mlm_compare
+from realformer_tools.experiments.translation import imports
+from realformer_tools.experiments.translation.recipe import Recipe
 
 # the same stats, as fairseq 0.12 logs them in each format (copied from two real runs)
 JSON_LINES = [

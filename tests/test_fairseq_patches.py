@@ -25,8 +25,8 @@ from fairseq.models.fairseq_model import BaseFairseqModel
 from fairseq.tasks.translation import TranslationTask
 from fairseq.trainer import Trainer
 
-from realformer_nmt import fairseq_patches
-from realformer_nmt.fairseq_patches import interactive_utf8, numpy2_compat
+from realformer_tools import fairseq_fixes as fairseq_patches
+from realformer_tools.fairseq_fixes import interactive_utf8, numpy2_compat
 
 
 def test_every_patch_module_documents_its_bug_and_when_to_drop_it():

@@ -26,11 +26,11 @@ from cli_helpers import run
 from conftest import REPO, cli_env
 from fairseq import checkpoint_utils
 
-from realformer_nmt.data.wordpiece import WordPieceTokenizer
 from realformer_nmt.errors import CheckpointFileError, ConfigError
 from realformer_nmt.models.realformer_bert import RealFormerBertModel
-from realformer_nmt.models.realformer_bert import google_checkpoint as gc
-from realformer_nmt.models.realformer_bert.tf_checkpoint import TFCheckpoint, TFCheckpointError, crc32c
+from realformer_nmt.models.realformer_bert.wordpiece import WordPieceTokenizer
+from realformer_tools.convert import google_checkpoint as gc
+from realformer_tools.convert.tf_checkpoint import TFCheckpoint, TFCheckpointError, crc32c
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "google_realformer"
 CKPT = FIXTURE / "bert_tiny"
@@ -229,7 +229,7 @@ def test_tensorflow_reader_without_tensorflow_is_one_line(tmp_path):
 @pytest.mark.parametrize("checkpoint", ["bert_tiny/bert_model.ckpt", "typed_variables/typed.ckpt"])
 def test_tensorflow_reader_equals_the_builtin_one(checkpoint):
     pytest.importorskip("tensorflow")
-    from realformer_nmt.models.realformer_bert.tf_checkpoint import TensorFlowCheckpoint
+    from realformer_tools.convert.tf_checkpoint import TensorFlowCheckpoint
 
     builtin, tf = TFCheckpoint(str(FIXTURE / checkpoint)), TensorFlowCheckpoint(str(FIXTURE / checkpoint))
     assert tf.names() == builtin.names()

@@ -177,7 +177,7 @@ def test_bias_layer_mask_gradient_equals_materialized_float32(device):
     attention returns no mask gradient); its output, the running sum's gradient and the
     projections' gradients equal materialized's (relative error <= 1e-4), and the profiler
     saw that backend both ways. The same code is ``--quick``'s check (exactness.py)."""
-    from realformer_nmt.experiments import exactness
+    from realformer_tools.experiments import exactness
 
     torch.backends.cuda.matmul.allow_tf32 = False
     dims = dict(embed=64, heads=4, batch=4, src_len=24)

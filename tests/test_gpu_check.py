@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import REPO, cli_env
 
-from realformer_nmt.experiments import gpu_check, kernel_timing
+from realformer_tools.experiments import gpu_check, kernel_timing
 
 # every step, as CI must prove them; one kernel (bias, what auto runs on CUDA) keeps it short
 ARGS = ["--dry-run", "--steps", "tests,train,ddp,speed", "--kernels", "bias", "--precisions", "fp32,fp16"]
@@ -148,4 +148,4 @@ def test_make_gpu_check_is_a_front_over_the_module():
     proc = subprocess.run(["make", "-n", "--no-print-directory", "gpu-check", "PY=python",
                            "GPU_CHECK_ARGS=--dry-run"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines() == ["python -m realformer_nmt.experiments.gpu_check --dry-run"]
+    assert proc.stdout.strip().splitlines() == ["python -m realformer_tools.experiments.gpu_check --dry-run"]

@@ -12,8 +12,8 @@ import torch
 from conftest import REPO, cli_env
 from test_gpu_check import strings
 
-from realformer_nmt.experiments import distributed_runs, exactness, gpu_check
 from realformer_nmt.modules import residual_attention as ra
+from realformer_tools.experiments import distributed_runs, exactness, gpu_check
 
 TOY = dict(layers=2, embed=16, heads=4, vocab=30, batch=3, src_len=8, tgt_len=6)
 

@@ -11,9 +11,9 @@ import pytest
 from conftest import REPO
 
 from realformer_nmt.errors import ConfigError
-from realformer_nmt.experiments import compare, fairseq_runs
-from realformer_nmt.experiments.translation import imports, runs
-from realformer_nmt.fairseq_patches import SWITCH
+from realformer_tools.experiments import compare, fairseq_runs
+from realformer_tools.experiments.translation import imports, runs
+from realformer_tools.fairseq_fixes import SWITCH
 
 COMMITTED = REPO / "results" / "multi30k_en_de.json"
 
@@ -87,7 +87,7 @@ def test_results_recorded_with_the_switch_off_are_refused(tmp_path):
 
 
 def test_the_masked_lm_comparison_trains_with_the_switch_on(tmp_path, monkeypatch):
-    from realformer_nmt.experiments import mlm_compare
+    from realformer_tools.experiments import mlm_compare
 
     monkeypatch.setenv(SWITCH, "0")
     (tmp_path / "dict.txt").write_text("a 1\n")

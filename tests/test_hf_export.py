@@ -45,10 +45,10 @@ from transformers import (  # noqa: E402
     pipeline,
 )
 
-from realformer_nmt.data.wordpiece import WordPieceTokenizer  # noqa: E402
-from realformer_nmt.models.realformer_bert import google_checkpoint as gc  # noqa: E402
-from realformer_nmt.models.realformer_bert import hf as hf_files  # noqa: E402
-from realformer_nmt.models.realformer_bert import hf_export  # noqa: E402
+from realformer_nmt.models.realformer_bert.wordpiece import WordPieceTokenizer  # noqa: E402
+from realformer_tools.convert import google_checkpoint as gc  # noqa: E402
+from realformer_tools.hf import hf_export  # noqa: E402
+from realformer_tools.hf import modeling as hf_files  # noqa: E402
 
 ATOL = 1e-5
 SCRIPT = REPO / "scripts" / "export_hf.py"
@@ -504,7 +504,7 @@ def pretrained_export(tmp_path_factory):
     from bert_helpers import TEST_VOCAB, WIKITEXT2, pretrain_flags
     from cli_helpers import run
 
-    from realformer_nmt.data import pretraining
+    from realformer_tools.data import pretraining
 
     prepared = prepared_wikitext2(tmp_path_factory)
     root = tmp_path_factory.mktemp("hf_pretrained")
@@ -714,7 +714,7 @@ def finetuned_export(pretrained_export, tmp_path_factory):
     on 64 captions (prepare_finetune_data.py), exported with --data the fine-tuning dir."""
     from test_bert_finetune_hub import finetune
 
-    from realformer_nmt.cli import prepare_finetune_data
+    from realformer_tools.cli import prepare_finetune_data
 
     checkpoint, data = pretrained_export[:2]
     root = tmp_path_factory.mktemp("hf_finetuned")

@@ -13,8 +13,8 @@ from conftest import REPO, cli_env
 from test_compare_backbones import _quiet, m30k_slice, tiny_recipe  # noqa: F401  (the fixture)
 
 from realformer_nmt.errors import ConfigError, DataError
-from realformer_nmt.experiments import compare
-from realformer_nmt.experiments.translation import imports
+from realformer_tools.experiments import compare
+from realformer_tools.experiments.translation import imports
 
 
 @pytest.fixture(scope="module")

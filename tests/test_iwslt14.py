@@ -1,5 +1,5 @@
 """IWSLT'14 De-En as fairseq's prepare-iwslt14.sh makes it (scripts/prepare_data.py --corpus
-iwslt14, realformer_nmt/data/iwslt14.py), from a tiny archive in the original format whose
+iwslt14, realformer_tools/data/iwslt14.py), from a tiny archive in the original format whose
 expected output is written by hand (iwslt14_fixture.py), and BLEU as papers report it for
 it: fairseq's tokenized BLEU as the headline, sacreBLEU of detokenized output beside it.
 """
@@ -16,9 +16,9 @@ import sacrebleu
 from conftest import REPO, cli_env
 from iwslt14_fixture import write_archive
 
-from realformer_nmt.data import corpora, iwslt14
 from realformer_nmt.errors import ConfigError, DataError
-from realformer_nmt.experiments import compare, fairseq_runs
+from realformer_tools.data import corpora, iwslt14
+from realformer_tools.experiments import compare, fairseq_runs
 
 MERGES = 40  # the recipe's 10,000 scaled down to the fixture
 

@@ -1,6 +1,6 @@
 """Mixed precision through fairseq's own trainer, on CPU (no GPU needed).
 
-``realformer_nmt.fairseq_patches.cpu_bf16`` makes ``fairseq-train --cpu --bf16`` and
+``realformer_tools.fairseq_fixes.cpu_bf16`` makes ``fairseq-train --cpu --bf16`` and
 ``--memory-efficient-bf16`` run fairseq's real bf16 path: the model cast by fairseq's
 ``Trainer``, ``FP16Optimizer`` (fp32 master weights) or ``MemoryEfficientFP16Optimizer``
 (fp32 optimizer state only), no loss scaler (fairseq's choice for bf16). These tests
@@ -26,8 +26,8 @@ from fairseq.optim import FP16Optimizer, MemoryEfficientFP16Optimizer
 from fairseq.trainer import Trainer
 
 from realformer_nmt.errors import ConfigError
-from realformer_nmt.fairseq_patches import cpu_bf16
 from realformer_nmt.modules import ResidualMultiheadAttention
+from realformer_tools.fairseq_fixes import cpu_bf16
 
 TRAIN_INNER = re.compile(r"\| train_inner \|.*? loss=([-\d.na]+),.*?num_updates=(\d+)(.*)")
 UPDATES = 30

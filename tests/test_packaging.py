@@ -36,7 +36,8 @@ def _copy_sources(dest):
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for name in ("setup.py", "README.md", "LICENSE", "CITATION.cff", "MANIFEST.in", "constraints.txt"):
         shutil.copy2(REPO / name, dest / name)
-    shutil.copytree(REPO / "realformer_nmt", dest / "realformer_nmt", ignore=ignore)
+    for package in ("realformer_nmt", "realformer_tools"):
+        shutil.copytree(REPO / package, dest / package, ignore=ignore)
     (dest / "results" / "gpu").mkdir(parents=True)
     (dest / "results" / "gpu" / "kernel_rule.json").write_text(json.dumps(PACKAGED_RULE))
 
@@ -77,18 +78,34 @@ def _console_scripts(wheel):
 
 def test_every_script_is_a_console_command_of_the_wheel(installed):
     """Each scripts/<name>.py of the checkout has a command in the wheel that runs the
-    same function (realformer_nmt.cli.<name>), and there is a --user-dir command."""
+    same function (realformer_tools.cli.<name>), and there is a --user-dir command."""
     _, _, _, wheel = installed
     commands, files = _console_scripts(wheel)
     targets = {target.split(":")[0] for target in commands.values()}
     scripts = sorted(p.stem for p in (REPO / "scripts").glob("*.py") if not p.stem.startswith("_"))
     assert scripts
-    missing = [s for s in scripts if f"realformer_nmt.cli.{s}" not in targets]
+    missing = [s for s in scripts if f"realformer_tools.cli.{s}" not in targets]
     assert not missing, f"scripts with no console command in the wheel: {missing}"
-    assert commands["realformer-nmt-user-dir"] == "realformer_nmt.cli.user_dir:main"
-    assert commands["realformer-export-hf"] == "realformer_nmt.cli.export_hf:main"
+    assert commands["realformer-nmt-user-dir"] == "realformer_tools.cli.user_dir:main"
+    assert commands["realformer-export-hf"] == "realformer_tools.cli.export_hf:main"
     assert not any(f.startswith(("scripts/", "tests/", "results/")) for f in files)
     assert "realformer_nmt/modules/kernel_rule.json" in files
+
+
+def test_wheel_requires_fairseq_alone_and_the_tools_extra_the_rest(installed):
+    """``pip install realformer-nmt`` is the plugin (fairseq-fixed, and torch the user has);
+    ``[tools]`` adds what the commands import; both packages are in the one wheel."""
+    _, _, _, wheel = installed
+    with zipfile.ZipFile(wheel) as z:
+        files = set(z.namelist())
+        metadata = z.read(next(n for n in files if n.endswith(".dist-info/METADATA"))).decode()
+    requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    assert [r for r in requires if "extra ==" not in r] == ["fairseq-fixed==0.12.3.1"]
+    tools = {r.split(";")[0].strip() for r in requires if 'extra == "tools"' in r}
+    for name in ("sentencepiece", "sacrebleu", "scipy", "sacremoses", "subword-nmt", "tensorboardX", "matplotlib"):
+        assert any(t.startswith(name) for t in tools), (name, tools)
+    assert "realformer_nmt/__init__.py" in files and "realformer_tools/cli/run_demo.py" in files
+    assert "realformer_tools/hf/modeling/modeling_realformer.py" in files
 
 
 def _help(target, env, cwd, command):
@@ -102,7 +119,7 @@ def test_console_commands_answer_help_outside_the_checkout(installed):
     commands, files = _console_scripts(wheel)
     with ThreadPoolExecutor(max_workers=3) as pool:
         results = list(pool.map(lambda c: _help(target, env, cwd, c), sorted(commands)))
-    has_hf_export = "realformer_nmt/models/realformer_bert/hf_export.py" in files
+    has_hf_export = "realformer_tools/hf/hf_export.py" in files
     problems = []
     for command, proc in results:
         if command == "realformer-export-hf" and not has_hf_export:

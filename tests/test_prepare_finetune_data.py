@@ -213,7 +213,7 @@ def test_multi30k_word_order_task_is_each_caption_as_written_or_shuffled(caption
         assert task.label_dictionary[int(sample["target"]) + task.label_dictionary.nspecial] == label
 
     # the command wrote what the library draws; the same seed repeats it, another draws anew
-    from realformer_nmt.data import caption_order
+    from realformer_tools.data import caption_order
 
     tables, _ = caption_order.word_order_task(str(raw), seed=1)
     assert {split: [list(r) for r in rows] for split, rows in tables.items()} == {

@@ -3,7 +3,7 @@
 * the ``masked_lm_nsp`` pairs and masks, and fairseq's own ``--task masked_lm`` masks
   (RoBERTa's dynamic masking), are redrawn each epoch with DataLoader workers as without,
   and each epoch's draw with workers equals the draw without them
-  (``fairseq_patches.epoch_workers``; without it, workers serve epoch 1's draw forever);
+  (``fairseq_fixes.epoch_workers``; without it, workers serve epoch 1's draw forever);
 * the same through ``fairseq-train`` (a probe criterion hashes every training sample);
 * only there: ``--task translation`` keeps its DataLoader workers across epochs (its items
   do not change), while ``masked_lm`` and ``masked_lm_nsp`` get new ones each epoch;
@@ -23,11 +23,11 @@ import torch
 from conftest import BIN, cli_env
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 
-from realformer_nmt.data import pretraining
 from realformer_nmt.errors import DataError
-from realformer_nmt.fairseq_patches import epoch_workers
 from realformer_nmt.tasks.masked_lm_nsp import MaskedLMNextSentenceTask, MaskedLMNSPConfig
 from realformer_nmt.tasks.next_sentence_pairs import NextSentencePairsDataset
+from realformer_tools.data import pretraining
+from realformer_tools.fairseq_fixes import epoch_workers
 
 PROBE = str(Path(__file__).resolve().parent / "epoch_probe")
 WORDS = "the cat dog bird sat ran flew over under near a red blue green house tree river and".split()

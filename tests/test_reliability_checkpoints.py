@@ -23,8 +23,8 @@ from conftest import BIN, REPO, USER_DIR, cli_env, trains
 
 import realformer_nmt  # noqa: F401  (allow-lists fairseq's types, wraps the loader)
 from realformer_nmt.errors import CheckpointFileError, UnsafeCheckpointError
-from realformer_nmt.fairseq_patches import safe_checkpoint_loading as checkpoint_safety
-from realformer_nmt.fairseq_patches.safe_checkpoint_loading import (
+from realformer_tools.fairseq_fixes import safe_checkpoint_loading as checkpoint_safety
+from realformer_tools.fairseq_fixes.safe_checkpoint_loading import (
     FAIRSEQ_CHECKPOINT_GLOBALS,
     allow_fairseq_checkpoint_types,
     install_safe_checkpoint_loading,
@@ -459,7 +459,7 @@ def test_allow_list_holds_only_data_types():
 def test_install_is_idempotent():
     from fairseq import checkpoint_utils
 
-    from realformer_nmt import fairseq_patches
+    from realformer_tools import fairseq_fixes as fairseq_patches
 
     before = checkpoint_utils.load_checkpoint_to_cpu
     count = len(torch.serialization.get_safe_globals())

@@ -4,7 +4,7 @@ non-UTF-8 bytes, and what each fairseq 0.12 tool does with them.
 One corpus (the reversal task of test_cli_end_to_end) with bad lines injected, binarized
 and trained on once (30 updates, ``--max-source/target-positions 16``).
 
-What fairseq 0.12 does, measured (the last two are fixed by ``realformer_nmt.fairseq_patches``,
+What fairseq 0.12 does, measured (the last two are fixed by ``realformer_tools.fairseq_fixes``,
 and the tests below hold the fixed behaviour):
 
 * empty / whitespace-only lines are neither skipped nor reported by ``fairseq-preprocess``:

@@ -32,7 +32,7 @@ What it does not guarantee:
 Kills at any moment, including during checkpoint saves, must leave a loadable
 ``checkpoint_last.pt``: fairseq renames its first checkpoint into place atomically but
 copies it onto ``checkpoint_last.pt``/``checkpoint_best.pt`` in place;
-``realformer_nmt.fairseq_patches.atomic_checkpoint_copies`` (installed by ``import realformer_nmt``) makes those
+``realformer_tools.fairseq_fixes.atomic_checkpoint_copies`` (installed by ``import realformer_nmt``) makes those
 copies atomic. The copy is killed at a known moment through that module's test hook (the
 copy announces itself in the log and waits); the kill times of the other tests come from
 seeded random generators.
@@ -56,8 +56,8 @@ from conftest import BIN, USER_DIR, cli_env, trains
 from fairseq import file_io
 from fairseq.file_io import PathManager
 
-from realformer_nmt import fairseq_patches
-from realformer_nmt.fairseq_patches import atomic_checkpoint_copies as atomic_checkpoints
+from realformer_tools import fairseq_fixes as fairseq_patches
+from realformer_tools.fairseq_fixes import atomic_checkpoint_copies as atomic_checkpoints
 
 MAX_UPDATE = 40
 # Bigger than TINY_FLAGS' model (8 MB checkpoints) and one sentence per update, so that

@@ -20,9 +20,9 @@ import pytest
 from conftest import REPO
 from test_compare_backbones import m30k_slice, tiny_recipe  # noqa: F401  (fixture)
 
-from realformer_nmt.experiments import compare
-from realformer_nmt.experiments.translation import report, rerender, stability, stats
-from realformer_nmt.experiments.translation import runs as runs_module
+from realformer_tools.experiments import compare
+from realformer_tools.experiments.translation import report, rerender, stability, stats
+from realformer_tools.experiments.translation import runs as runs_module
 
 RESULTS = REPO / "results"
 STUDY_JSONS = sorted(p for p in RESULTS.glob("*.json") if rerender.kind(json.loads(p.read_text())) is not None)
@@ -294,7 +294,7 @@ def test_report_only_comparison_keeps_only_the_finished_seeds(m30k_slice, tmp_pa
 def test_stability_limit_flags_and_their_defaults(monkeypatch):
     import importlib
 
-    cli = importlib.import_module("realformer_nmt.cli.compare_backbones")  # what scripts/compare_backbones.py runs
+    cli = importlib.import_module("realformer_tools.cli.compare_backbones")  # what scripts/compare_backbones.py runs
     args = cli.parse_args(["--data", "d", "--out", "o", "--stability-limit", "--seeds", "1,2"])
     assert args.lrs == [1e-3, 5e-4, 2.5e-4] and args.depths == [12] and args.max_update == 1200
     assert args.backbones == list(stability.STABILITY_BACKBONES) and args.embed_dim == 128
@@ -325,7 +325,7 @@ def _committed_record(row, backbone, key):
 
 
 def test_summary_rows_are_the_committed_seed_paired_records():
-    from realformer_nmt.experiments.translation import summary
+    from realformer_tools.experiments.translation import summary
 
     rows = summary.summary_rows(str(RESULTS))
     labels = [summary.row_label(r) for r in rows]
@@ -360,7 +360,7 @@ def test_summary_rows_are_the_committed_seed_paired_records():
 def test_rerender_draws_the_summary_with_a_study_added_later(tmp_path):
     """A results JSON that appears later (the stability-limit study at depth 6) gets its rows
     in summary.png with no change to the code: the rows come from the folder's JSONs."""
-    from realformer_nmt.experiments.translation import summary
+    from realformer_tools.experiments.translation import summary
 
     for p in RESULTS.glob("*.json"):
         shutil.copy(p, tmp_path / p.name)
@@ -386,7 +386,7 @@ def test_rerender_draws_the_summary_with_a_study_added_later(tmp_path):
 def test_a_study_written_beside_summary_png_redraws_it(tmp_path):
     """compare_backbones writing results/lr_limit_depth6.json (write_outputs) redraws the
     summary figure of its folder; a folder without one (a test's, a scratch run's) gets none."""
-    from realformer_nmt.experiments.translation import summary
+    from realformer_tools.experiments.translation import summary
 
     shutil.copy(RESULTS / "multi30k_en_de.json", tmp_path / "multi30k_en_de.json")
     later = json.loads((RESULTS / "stability_depth12.json").read_text())
@@ -403,8 +403,8 @@ def test_a_study_written_beside_summary_png_redraws_it(tmp_path):
 def test_summary_labels_end_inside_their_panel():
     """A label drawn right of a wide interval (e.g. +2.84 [-13.36, +19.05] (both lagging)) must not
     run into the next panel: the x-limit is widened until the longest label fits."""
-    from realformer_nmt.experiments.translation import summary
-    from realformer_nmt.experiments.translation.report import pyplot
+    from realformer_tools.experiments.translation import summary
+    from realformer_tools.experiments.translation.figures import pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3))

@@ -16,7 +16,7 @@ from fairseq.data import indexed_dataset
 from test_error_lines import assert_one_line, run_cli
 
 from realformer_nmt.errors import CheckpointFileError, DataError, FlagValueError
-from realformer_nmt.fairseq_patches import arch_choices, data_dir_checks, train_preflight
+from realformer_tools.fairseq_fixes import arch_choices, data_dir_checks, train_preflight
 
 TRAIN_SRC = "train.src-tgt.src"
 

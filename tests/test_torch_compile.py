@@ -2,7 +2,7 @@
 
 Two levels, to keep the file within a few minutes on a 2-core machine (inductor's C++
 build of every kernel of a whole translation model takes minutes here: see
-``realformer_nmt/experiments/compile_check.py`` for the whole-model measurement):
+``realformer_tools/experiments/compile_check.py`` for the whole-model measurement):
 
 * the whole ``realformer_transformer`` through TorchDynamo + AOTAutograd
   (``backend="aot_eager"``: the graph capture, guards, graph breaks and the traced

@@ -19,7 +19,7 @@ import sys
 import pytest
 from conftest import BIN, REPO, USER_DIR, cli_env, require_shared_data
 
-from realformer_nmt.fairseq_patches import SWITCH
+from realformer_tools.fairseq_fixes import SWITCH
 
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 WIKITEXT2 = REPO.parent / "shared" / "data" / "wikitext-2"

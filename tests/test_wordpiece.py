@@ -10,7 +10,7 @@ import pytest
 from bert_helpers import WIKITEXT2
 from fairseq.data import encoders
 
-from realformer_nmt.data.wordpiece import WordPieceBPE, WordPieceTokenizer, is_uncased
+from realformer_nmt.models.realformer_bert.wordpiece import WordPieceBPE, WordPieceTokenizer, is_uncased
 
 # the vocabulary of Google's tokenization_test.py
 VOCAB = ["[UNK]", "[CLS]", "[SEP]", "want", "##want", "##ed", "wa", "un", "runn", "##ing", ","]

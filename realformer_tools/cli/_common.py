@@ -8,6 +8,8 @@ import os
 import sys
 import warnings
 
+from ..plugin_dir import plugin_dir
+
 
 def comma_list(kind=str, choices=None):
     """argparse type: ``"a,b,c"`` -> ``[kind(a), kind(b), kind(c)]``, optionally from ``choices``."""
@@ -40,7 +42,7 @@ def emit_json(summary, path=None):
 def user_dir():
     """The folder of the ``realformer_nmt`` package these commands belong to (an installed
     wheel's or a checkout's): the value of fairseq's ``--user-dir``."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return plugin_dir()
 
 
 def input_output_error(source, out):

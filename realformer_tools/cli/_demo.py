@@ -53,7 +53,7 @@ class DemoError(RealFormerError):
 def ensure_data(data, log):
     """Prepare the synthetic corpus in ``data`` unless it is there with the demo settings;
     returns its prepare.json."""
-    from realformer_nmt.data import corpora
+    from realformer_tools.data import corpora
 
     if corpora.prepared_settings(data) == corpora.prepare_settings("synthetic", **DEMO_DATA):
         log(f"corpus already prepared in {data}")
@@ -65,7 +65,7 @@ def ensure_data(data, log):
 
 
 def fairseq_cli(name):
-    from realformer_nmt.experiments import fairseq_runs
+    from realformer_tools.experiments import fairseq_runs
 
     try:
         return fairseq_runs.fairseq_cli(name)
@@ -193,7 +193,7 @@ def checkpoint_progress(path):
     """(updates, fairseq's cumulative training seconds) stored in a checkpoint, or (0, 0.0)."""
     if not os.path.exists(path):
         return 0, 0.0
-    from realformer_nmt.fairseq_patches.safe_checkpoint_loading import safe_load_checkpoint_to_cpu
+    from realformer_tools.fairseq_fixes.safe_checkpoint_loading import safe_load_checkpoint_to_cpu
 
     try:
         state = safe_load_checkpoint_to_cpu(path)
@@ -272,8 +272,8 @@ def decode_and_score(args, prepared, out_dir, log):
     (13a, cased) of the detokenized output against the raw references: fairseq_runs'
     scoring, which the comparisons use too. Returns its dict plus ``checkpoint`` and
     ``examples`` (source, reference, hypothesis)."""
-    from realformer_nmt.data.pipeline import read_lines
-    from realformer_nmt.experiments import fairseq_runs
+    from realformer_tools.data.pipeline import read_lines
+    from realformer_tools.experiments import fairseq_runs
 
     best = os.path.join(args.save_dir, "checkpoint_best.pt")
     checkpoint = best if os.path.exists(best) else os.path.join(args.save_dir, "checkpoint_last.pt")

@@ -29,7 +29,7 @@ import torch
 
 import realformer_nmt  # noqa: F401  (registers the models; safe checkpoint loading)
 from realformer_nmt.errors import ConfigError
-from realformer_nmt.experiments.attention_analysis import analyze_and_report
+from realformer_tools.experiments.attention_analysis import analyze_and_report
 
 from ._common import exit_zero
 

@@ -49,7 +49,7 @@ def main(argv=None):
 
     import torch
 
-    from realformer_nmt.experiments import kernel_timing
+    from realformer_tools.experiments import kernel_timing
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     result = kernel_timing.run(

@@ -65,7 +65,7 @@ def main(argv=None):
     import torch
 
     import realformer_nmt  # noqa: F401  (registers the archs)
-    from realformer_nmt.experiments import benchmark
+    from realformer_tools.experiments import benchmark
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     variants = args.variants or list(benchmark.VARIANTS)

@@ -276,7 +276,7 @@ def main(argv=None):
 
 def study(args):
     """Train what ``args`` asks for; returns the study's Markdown table."""
-    from realformer_nmt.experiments import compare
+    from realformer_tools.experiments import compare
 
     def log(message):
         print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
@@ -294,7 +294,7 @@ def study(args):
                   references=args.references, results_path=args.results, machine_note=args.machine_note,
                   threads=args.threads, log=log, title=args.title, jobs=args.jobs)
     if args.import_results:
-        from realformer_nmt.experiments.translation.imports import import_results
+        from realformer_tools.experiments.translation.imports import import_results
 
         import_results(args.import_results, args.data, args.out, recipe, args.residual_attention_mode,
                        study="depth" if args.depth_stress else "stability" if args.stability_limit

@@ -67,7 +67,7 @@ def main(argv=None):
     args = parse_args(argv)
 
     def study():
-        from realformer_nmt.experiments import mlm_compare
+        from realformer_tools.experiments import mlm_compare
 
         recipe = mlm_compare.MLMRecipe(
             objective=args.objective, layers=args.layers, embed_dim=args.embed_dim, ffn_dim=args.ffn_dim,

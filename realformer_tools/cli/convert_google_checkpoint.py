@@ -47,7 +47,7 @@ def main(argv=None):
     args = parse_args(argv)
 
     def convert():
-        from realformer_nmt.models.realformer_bert import google_checkpoint
+        from realformer_tools.convert import google_checkpoint
 
         logging.getLogger("realformer_nmt").setLevel(logging.INFO)
         return google_checkpoint.convert(args.source, args.out, checkpoint=args.checkpoint,

@@ -51,7 +51,7 @@ def main(argv=None):
     args = parse_args(argv)
 
     def export():
-        from realformer_nmt.models.realformer_bert import hf_export
+        from realformer_tools.hf import hf_export
 
         return hf_export.export(args.checkpoint, args.out, data=args.data,
                                 sentencepiece_model=args.sentencepiece_model, head=args.head,

@@ -104,7 +104,7 @@ def main(argv=None):
     args = parse_args(argv)
 
     def prepare():
-        from realformer_nmt.data import corpora
+        from realformer_tools.data import corpora
 
         sizes = {"n_train": args.n_train} if args.n_train != 20000 else None
         return corpora.prepare(args.corpus, args.dest, raw_dir=args.raw_dir, download=args.download,

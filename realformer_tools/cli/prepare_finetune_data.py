@@ -110,8 +110,8 @@ def check_sources(args):
 def caption_tables(args):
     """The --multi30k word-order task as TSV tables, also written to OUT/tsv/{split}.tsv."""
     logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
-    from realformer_nmt.data import caption_order
     from realformer_nmt.errors import DataError
+    from realformer_tools.data import caption_order
 
     try:
         tables, report = caption_order.word_order_task(args.multi30k, seed=args.seed)
@@ -168,7 +168,7 @@ def write_checked(args, tables, splits):
 def write_data_dir(args, tables, inputs):
     import sentencepiece as spm
 
-    from realformer_nmt.data import pipeline
+    from realformer_tools.data import pipeline
 
     data = args.pretrained_data
 

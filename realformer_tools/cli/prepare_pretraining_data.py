@@ -52,7 +52,7 @@ def main(argv=None):
     args = parse_args(argv)
 
     def prepare():
-        from realformer_nmt.data import pretraining
+        from realformer_tools.data import pretraining
 
         return pretraining.prepare_pretraining(
             args.raw_dir, args.out, vocab_size=args.vocab_size, work_dir=args.work_dir,

@@ -38,24 +38,25 @@ import re
 import shutil
 import tempfile
 import zipfile
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
-import numpy as np
 import torch
 
-from ...errors import CheckpointFileError, ConfigError
-from .google_mapping import (  # noqa: F401  (SPECIALS, MASK: re-exported, the export uses them)
+from realformer_nmt.errors import CheckpointFileError, ConfigError
+from realformer_nmt.models.realformer_bert.model import GOOGLE_NSP_HEAD
+
+from .google_mapping import (
     ACTIVATIONS,
     MASK,
     SPECIALS,
     VOCAB_FILE,
+    GoogleCheckpoint,
     fairseq_flags,
     fairseq_state,
     fairseq_vocabulary,
     finetune_arch_flags,
     model_variables,
 )
-from .model import GOOGLE_NSP_HEAD
 from .tf_checkpoint import TFCheckpointError, open_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -69,15 +70,6 @@ CONFIG_DEFAULTS = dict(
     hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=512, type_vocab_size=16,
     initializer_range=0.02, use_running_mean=False,
 )
-
-
-class GoogleCheckpoint(NamedTuple):
-    config: dict  # bert_config.json with BertConfig's defaults filled in
-    vocab: List[str]
-    variables: Dict[str, np.ndarray]  # the model's variables, by TF name
-    skipped: Dict[str, int]  # what was left out: optimizer slots, bookkeeping, --ignore-variables
-    heads: Dict[str, bool]  # mlm / nsp: present in the checkpoint
-    name: str  # the checkpoint's file name prefix
 
 
 def _names(names: List[str], limit: int = 8) -> str:
@@ -315,7 +307,7 @@ def write_fairseq_checkpoint(ckpt: GoogleCheckpoint, out_dir: str) -> dict:
     ``ckpt.variables`` on the way (one copy of a large model in memory at a time)."""
     from omegaconf import OmegaConf
 
-    from ...data.wordpiece import is_uncased
+    from realformer_nmt.models.realformer_bert.wordpiece import is_uncased
 
     os.makedirs(out_dir, exist_ok=True)
     symbols, order = fairseq_vocabulary(ckpt.vocab)

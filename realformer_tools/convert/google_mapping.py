@@ -1,21 +1,32 @@
 """Google's RealFormer BERT checkpoints onto fairseq's ``realformer_bert``: the variables a
 checkpoint holds (``model_variables``) and where each goes (``fairseq_vocabulary``,
-``fairseq_flags``, ``fairseq_state``). ``google_checkpoint.py`` reads the checkpoints and
-writes the converted folder with these.
+``fairseq_flags``, ``fairseq_state``), from the checkpoint as read (``GoogleCheckpoint``).
+``google_checkpoint.py`` reads the checkpoints and writes the converted folder with these
+(imports only go that way).
 """
 
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from typing import Dict, List, NamedTuple, Tuple
 
 import numpy as np
 import torch
 
-from ...errors import ConfigError
-from .model import BERT_LAYER_NAMES, GOOGLE_NSP_HEAD
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .google_checkpoint import GoogleCheckpoint
+from realformer_nmt.errors import ConfigError
+from realformer_nmt.models.realformer_bert.model import BERT_LAYER_NAMES, GOOGLE_NSP_HEAD
 
 VOCAB_FILE = "vocab.txt"
+
+
+class GoogleCheckpoint(NamedTuple):
+    """A released checkpoint as read (``google_checkpoint.read_google_checkpoint``), what the mapping maps."""
+
+    config: dict  # bert_config.json with BertConfig's defaults filled in
+    vocab: List[str]
+    variables: Dict[str, np.ndarray]  # the model's variables, by TF name
+    skipped: Dict[str, int]  # what was left out: optimizer slots, bookkeeping, --ignore-variables
+    heads: Dict[str, bool]  # mlm / nsp: present in the checkpoint
+    name: str  # the checkpoint's file name prefix
+
+
 # BERT's specials on fairseq's, in fairseq's order (Dictionary: <s>, <pad>, </s>, <unk> = 0..3)
 SPECIALS = (("[CLS]", "<s>"), ("[PAD]", "<pad>"), ("[SEP]", "</s>"), ("[UNK]", "<unk>"))
 MASK = ("[MASK]", "<mask>")
@@ -133,7 +144,7 @@ def finetune_arch_flags(config: dict) -> List[str]:
     return out + ["--residual-attention-mode", value["--residual-attention-mode"]]
 
 
-def fairseq_state(ckpt: "GoogleCheckpoint", order: List[int]) -> Dict[str, torch.Tensor]:
+def fairseq_state(ckpt: GoogleCheckpoint, order: List[int]) -> Dict[str, torch.Tensor]:
     """The converted weights under fairseq's parameter names."""
     v = ckpt.variables
     state: Dict[str, torch.Tensor] = {}

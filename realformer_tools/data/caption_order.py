@@ -15,7 +15,8 @@ seed gives the same rows.
 import os
 import random
 
-from ..errors import DataError
+from realformer_nmt.errors import DataError
+
 from .multi30k import MULTI30K_FILES
 from .pipeline import read_text_lines
 

@@ -10,7 +10,8 @@ import json
 import os
 import shutil
 
-from ..errors import DataError
+from realformer_nmt.errors import DataError
+
 from . import iwslt14, multi30k, synthetic_en_de
 from .pipeline import (
     LANGS,

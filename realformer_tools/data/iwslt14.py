@@ -31,7 +31,8 @@ import tarfile
 import urllib.error
 import urllib.request
 
-from ..errors import DataError
+from realformer_nmt.errors import DataError
+
 from .pipeline import SPLITS, count_lines, dictionary_size, fairseq_preprocess, log
 
 SRC, TGT = "de", "en"

@@ -9,7 +9,8 @@ import sys
 import urllib.error
 import urllib.request
 
-from ..errors import DataError
+from realformer_nmt.errors import DataError
+
 from .pipeline import LANGS, read_parallel, write_split
 
 MULTI30K_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from ..errors import DataError  # noqa: F401  (raised here; pipeline.DataError for callers)
+from realformer_nmt.errors import DataError  # noqa: F401  (raised here; pipeline.DataError for callers)
 
 SPLITS = ("train", "valid", "test")
 LANGS = ("en", "de")

@@ -24,7 +24,8 @@ import json
 import os
 import shutil
 
-from ..errors import DataError
+from realformer_nmt.errors import DataError
+
 from . import pipeline, wikitext
 
 SPLITS = ("train", "valid")

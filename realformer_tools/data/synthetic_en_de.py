@@ -7,7 +7,8 @@ verb-final order: a task a small model learns in a few CPU minutes, needing no d
 
 import random
 
-from ..errors import DataError
+from realformer_nmt.errors import DataError
+
 from .pipeline import SPLITS, write_split
 
 # --------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ SentencePiece step maps it to fairseq's ``<unk>`` (see ``pretraining``).
 import os
 import re
 
-from ..errors import DataError
+from realformer_nmt.errors import DataError
+
 from .pipeline import read_text_lines
 
 _HEADING = re.compile(r"((?:= )+)(.*?)((?: =)+)")

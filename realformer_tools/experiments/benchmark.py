@@ -36,7 +36,7 @@ from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
-from ..modules.residual_attention import KERNELS
+from realformer_nmt.modules.residual_attention import KERNELS
 
 SIZES = {  # name -> (vanilla arch, RealFormer arch); fairseq's dims
     "iwslt": ("transformer_iwslt_de_en", "realformer_transformer_iwslt_de_en"),

@@ -1,5 +1,5 @@
 """The translation studies' public names in one place (scripts and tests import them from
-here); the code lives in ``realformer_nmt.experiments.translation``: one module per study
+here); the code lives in ``realformer_tools.experiments.translation``: one module per study
 (``compare``, ``lr_sweep``, ``depth``, ``ablation``, ``stability``) over shared modules
 (``recipe``, ``runs``, ``stats``, ``report``)."""
 

@@ -16,7 +16,7 @@ can be compared number for number; with dropout off, ``auto`` picks the fused ke
 on CPU). Inductor's on-disk cache is a fresh temporary folder unless ``--warm-cache``,
 so compile times are cold-start times.
 
-Run: ``python -m realformer_nmt.experiments.compile_check --json out.json``. Each
+Run: ``python -m realformer_tools.experiments.compile_check --json out.json``. Each
 variant's result is written as soon as it is measured; re-running with the same
 settings skips the variants already in the file.
 """

@@ -11,7 +11,8 @@ import re
 import subprocess
 import time
 
-from ..errors import ConfigError
+from realformer_nmt.errors import ConfigError
+
 from .fairseq_logs import read_log
 from .fairseq_tools import RunError, cli_env, fairseq_cli
 

@@ -9,7 +9,8 @@ import sys
 import threading
 import time
 
-from ..errors import ConfigError, RealFormerError
+from realformer_nmt.errors import ConfigError, RealFormerError
+
 from .fairseq_logs import progress_line, stats_record
 
 

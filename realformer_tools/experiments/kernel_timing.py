@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..modules.residual_attention import KERNELS, ResidualMultiheadAttention
+from realformer_nmt.modules.residual_attention import KERNELS, ResidualMultiheadAttention
 
 # every kernel a layer can run (``auto`` only chooses among these)
 CONCRETE_KERNELS = tuple(k for k in KERNELS if k != "auto")

@@ -21,14 +21,15 @@ import os
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from ..errors import ConfigError, DataError
-from ..fairseq_patches import SWITCH, with_data_fixes
+from realformer_nmt.errors import ConfigError, DataError
+
+from ..fairseq_fixes import SWITCH, with_data_fixes
 from . import fairseq_runs
+from .translation.figures import COLORS as _COLORS
+from .translation.figures import pyplot as _pyplot
 from .translation.recipe import BACKBONES, USER_DIR
-from .translation.report import COLORS as _COLORS
 from .translation.report import SEED_PAIRED_NOTE, seed_paired_cell, spread, write_outputs
 from .translation.report import fmt as _fmt
-from .translation.report import pyplot as _pyplot
 from .translation.report import seconds as _seconds
 from .translation.runs import join_notes, machine_description, parallel_note
 from .translation.stats import add_seed_paired

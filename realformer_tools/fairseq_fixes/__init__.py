@@ -39,7 +39,8 @@ import logging
 import multiprocessing
 import os
 
-from ..errors import ConfigError
+from realformer_nmt.errors import ConfigError
+
 from . import (
     arch_choices,
     atomic_checkpoint_copies,

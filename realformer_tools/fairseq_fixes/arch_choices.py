@@ -26,7 +26,7 @@ import functools
 from fairseq import options
 from fairseq.models import ARCH_MODEL_REGISTRY
 
-from ..errors import FlagValueError
+from realformer_nmt.errors import FlagValueError
 
 _FIXED = "__realformer_fixed__"
 EXAMPLES = ("transformer", "roberta", "realformer_transformer", "realformer_bert")  # named when nothing is close

@@ -14,7 +14,7 @@ import re
 
 import torch
 
-from ..errors import CheckpointFileError, RealFormerError, UnsafeCheckpointError
+from realformer_nmt.errors import CheckpointFileError, RealFormerError, UnsafeCheckpointError
 
 _GLOBAL_PATTERNS = [  # where torch's messages name the refused global
     re.compile(r"GLOBAL (\S+) was not an allowed global by default"),

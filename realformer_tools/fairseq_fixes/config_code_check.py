@@ -14,7 +14,7 @@ import builtins
 
 from omegaconf import OmegaConf
 
-from ..errors import UnsafeCheckpointError
+from realformer_nmt.errors import UnsafeCheckpointError
 
 # Legitimate values of the fields fairseq 0.12 passes to eval() (directly or through
 # utils.eval_str_list / eval_str_dict / eval_bool) are literals ("(0.9, 0.98)", "[(512, 10,

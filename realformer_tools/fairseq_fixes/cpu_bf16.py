@@ -27,7 +27,7 @@ Fixes, each at one seam, no fairseq function copied, each logging one line when 
    and no ``--cpu``). ``--tpu`` given explicitly is left alone. Where it acts, fairseq
    alone would stop at once (torch_xla missing), so no working command changes: on CPU,
    and on a CUDA machine without torch_xla, ``--bf16`` then trains through the same
-   device-neutral path (GPU: ``python -m realformer_nmt.experiments.gpu_check``).
+   device-neutral path (GPU: ``python -m realformer_tools.experiments.gpu_check``).
 2. The inference commands ``fairseq-generate``, ``fairseq-interactive`` and
    ``fairseq-eval-lm`` (their ``main``) are wrapped to note whether *their command line*
    has ``--bf16`` (and not ``--fp16``); ``BaseFairseqModel.prepare_for_inference_``
@@ -61,7 +61,7 @@ from fairseq.models.fairseq_model import BaseFairseqModel
 from fairseq.trainer import Trainer
 from fairseq_cli import eval_lm, generate, interactive
 
-from ..errors import ConfigError
+from realformer_nmt.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def bf16_without_tpu(parse_args_and_arch):
         ):
             parsed.tpu = False  # fairseq set it only because of --bf16
             logger.info("--bf16 without a TPU (%s): bfloat16 through fairseq's FP16Optimizer on this device; "
-                        "fairseq 0.12 alone would turn --bf16 into --tpu (realformer_nmt.fairseq_patches.cpu_bf16)",
+                        "fairseq 0.12 alone would turn --bf16 into --tpu (realformer_tools.fairseq_fixes.cpu_bf16)",
                         "--cpu" if getattr(parsed, "cpu", False) else "no TPU library installed")
         if input_args is None:  # a command line being run (sys.argv), not a parse by library code
             refuse_fp16_training_on_cpu(parsed)
@@ -131,7 +131,7 @@ def bf16_for_inference(prepare_for_inference_):
         first = next(self.parameters(), None)
         if _BF16_INFERENCE.get() and first is not None and first.dtype != torch.bfloat16:
             logger.info("--bf16: casting %s to bfloat16 for inference (fairseq 0.12 alone decodes in float32; "
-                        "realformer_nmt.fairseq_patches.cpu_bf16)", type(self).__name__)
+                        "realformer_tools.fairseq_fixes.cpu_bf16)", type(self).__name__)
             self.to(dtype=torch.bfloat16)
         return prepare_for_inference_(self, cfg)
 

@@ -55,7 +55,7 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq.models import distributed_fairseq_model
 from torch.nn.parallel import DistributedDataParallel
 
-from ..errors import ConfigError
+from realformer_nmt.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from fairseq import utils
 from fairseq.data import indexed_dataset
 from fairseq.tasks.translation import TranslationTask
 
-from ..errors import ConfigError, DataError
+from realformer_nmt.errors import ConfigError, DataError
 
 _FIXED = "__realformer_fixed__"
 _MMAP_MAGIC = indexed_dataset.MMapIndexedDataset.Index._HDR_MAGIC  # fairseq-preprocess's default format

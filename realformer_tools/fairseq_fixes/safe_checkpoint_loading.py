@@ -61,7 +61,8 @@ from omegaconf import DictConfig, ListConfig
 from omegaconf.base import ContainerMetadata, Metadata
 from omegaconf.nodes import AnyNode
 
-from ..errors import RealFormerError, UnsafeCheckpointError
+from realformer_nmt.errors import RealFormerError, UnsafeCheckpointError
+
 from .checkpoint_errors import ensemble_loader, file_error, refused_global, trainer_loader, unsafe_error
 from .config_code_check import refuse_code_in_config
 

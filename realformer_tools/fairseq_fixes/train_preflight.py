@@ -36,7 +36,8 @@ import fairseq_cli.train
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 
-from ..errors import CheckpointFileError
+from realformer_nmt.errors import CheckpointFileError
+
 from . import data_dir_checks
 
 _FIXED = "__realformer_fixed__"

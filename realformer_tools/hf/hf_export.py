@@ -31,8 +31,9 @@ from typing import Callable, List, Optional
 
 import torch
 
-from ...errors import CheckpointFileError, ConfigError
-from .google_checkpoint import MASK, SPECIALS
+from realformer_nmt.errors import CheckpointFileError, ConfigError
+
+from ..convert.google_mapping import MASK, SPECIALS
 from .hf_model_card import model_card
 from .hf_tokenizer import (  # noqa: F401  (re-exported: the export's public names)
     SAMPLE_TEXT,
@@ -63,8 +64,8 @@ VERIFY_TOLERANCE = 1e-4  # float32; a larger difference is a bug in the export, 
 
 
 def hf_code_dir() -> str:
-    from . import hf
-    return hf.HERE
+    from . import modeling
+    return modeling.HERE
 
 
 def _import_hf():
@@ -72,7 +73,7 @@ def _import_hf():
         import transformers  # noqa: F401
     except ImportError as e:
         raise ConfigError(f"exporting to Hugging Face needs transformers (pip install -e '.[hf]'): {e}") from None
-    from .hf import configuration_realformer, modeling_realformer
+    from .modeling import configuration_realformer, modeling_realformer
     return configuration_realformer, modeling_realformer
 
 
@@ -112,7 +113,7 @@ def check_realformer_bert(path: str) -> dict:
     from fairseq import checkpoint_utils
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    from .model import RealFormerBertModel
+    from realformer_nmt.models.realformer_bert.model import RealFormerBertModel
 
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(path)
@@ -151,7 +152,7 @@ def _data_dir(folder: str, state: dict, data: Optional[str]) -> str:
 def load_hub(checkpoint: str, data: Optional[str] = None):
     """``(hub, folder, data dir)``: the fairseq hub interface of a ``realformer_bert``
     checkpoint (eval mode), its folder, and the data dir of its dictionary."""
-    from .model import RealFormerBertModel
+    from realformer_nmt.models.realformer_bert.model import RealFormerBertModel
 
     folder, name = _resolve(checkpoint)
     state = check_realformer_bert(os.path.join(folder, name))
@@ -335,5 +336,5 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, sentencepi
 
 
 def modeling_files():
-    from .hf import FILES
+    from .modeling import FILES
     return FILES

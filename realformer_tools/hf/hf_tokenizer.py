@@ -14,8 +14,9 @@ import os
 import tempfile
 from typing import List
 
-from ...errors import ConfigError
-from .google_checkpoint import MASK, SPECIALS
+from realformer_nmt.errors import ConfigError
+
+from ..convert.google_mapping import MASK, SPECIALS
 
 # checked against fairseq's encoding, with the data's raw valid lines when they can be found
 SAMPLE_TEXT = [
@@ -67,7 +68,7 @@ def wordpiece_tokenizer(vocab: List[str], max_length: int):
     """``BertTokenizerFast`` over BERT's ``vocab.txt`` (lower-casing as the vocabulary says)."""
     from transformers import BertTokenizerFast
 
-    from ...data.wordpiece import is_uncased
+    from realformer_nmt.models.realformer_bert.wordpiece import is_uncased
 
     with tempfile.TemporaryDirectory(prefix="wordpiece_") as tmp:
         with open(os.path.join(tmp, "vocab.txt"), "w", encoding="utf-8") as f:

@@ -16,8 +16,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ...errors import ConfigError
-from .model import BERT_LAYER_NAMES, GOOGLE_NSP_HEAD
+from realformer_nmt.errors import ConfigError
+from realformer_nmt.models.realformer_bert.model import BERT_LAYER_NAMES, GOOGLE_NSP_HEAD
 
 NSP_HEAD = GOOGLE_NSP_HEAD  # fairseq's pre-training head; also where converted Google checkpoints keep it
 ACTIVATIONS = {"gelu": "gelu", "gelu_accurate": "gelu_new", "gelu_fast": "gelu_new", "relu": "relu",
@@ -29,7 +29,7 @@ def hf_config_values(model) -> dict:
     one-line error for options the Hugging Face code does not implement."""
     from fairseq.modules import LearnedPositionalEmbedding
 
-    from .sentence_encoder import IndexPositionalEmbedding
+    from realformer_nmt.models.realformer_bert.sentence_encoder import IndexPositionalEmbedding
 
     args = model.args
     se = model.encoder.sentence_encoder

@@ -4,7 +4,7 @@ that have segment embeddings (converted Google checkpoints)."""
 from fairseq.data.encoders.hf_bert_bpe import BertBPE
 from fairseq.models.roberta import RobertaHubInterface
 
-from ...data.wordpiece import WordPieceBPE
+from .wordpiece import WordPieceBPE
 
 
 class RealFormerBertHubInterface(RobertaHubInterface):

@@ -26,7 +26,7 @@ from typing import Iterable, List, Optional
 from fairseq.data.encoders import register_bpe
 from fairseq.dataclass import FairseqDataclass
 
-from ..errors import DataError
+from ...errors import DataError
 
 UNK = "[UNK]"
 MAX_WORD_CHARS = 200  # google-research bert/tokenization.py

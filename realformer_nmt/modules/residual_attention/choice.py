@@ -36,7 +36,7 @@ def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int) -> 
     math kernel (a mask with a gradient), no better than ``materialized``.
 
     On CUDA: the rule measured by the GPU check (``results/gpu/kernel_rule.json``, written
-    by ``python -m realformer_nmt.experiments.gpu_check --steps speed`` and shipped in the
+    by ``python -m realformer_tools.experiments.gpu_check --steps speed`` and shipped in the
     wheel; a user's own rule overrides it, see ``kernel_rule_source``),
     ``{"rule": {"first_layer": K, "later_layers": K}}``.
     Until a GPU has measured it: ``bias`` for every layer (it stores no probabilities and

@@ -13,7 +13,8 @@ from typing import Callable, Dict, Optional
 import numpy as np
 import torch
 
-from ...errors import CheckpointFileError, ConfigError, DataError
+from realformer_nmt.errors import CheckpointFileError, ConfigError, DataError
+
 from .estimators import BIN_WIDTH, QUARTILES
 from .histograms import TypeStats
 from .recording import attention_modules, forward, model_inputs, recording_attention, restore_masked_tokens
@@ -119,7 +120,7 @@ def _file_identity(path: str) -> str:
 
 def describe_model(model, cfg) -> str:
     """A short label: arch, backbone (Post-LN / Pre-LN) and residual settings if any."""
-    from ...residual_config import ResidualSettings, format_paths
+    from realformer_nmt.residual_config import ResidualSettings, format_paths
 
     arch = getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", None) or type(model).__name__
     pre_ln = bool(getattr(cfg.model, "encoder_normalize_before", False))

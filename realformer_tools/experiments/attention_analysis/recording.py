@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ...errors import ConfigError
+from realformer_nmt.errors import ConfigError
 
 ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
 

@@ -1,9 +1,9 @@
 """Everything a GPU must prove, in steps that each fit a short GPU lease.
 
-    python -m realformer_nmt.experiments.gpu_check [--steps tests,train,ddp,speed] [--out results/gpu]
-    python -m realformer_nmt.experiments.gpu_check --quick [--out results/gpu]   # first (sized for 7 minutes)
-    python -m realformer_nmt.experiments.gpu_check --dry-run      # CPU, toy sizes (CI)
-    python -m realformer_nmt.experiments.gpu_check --quick --dry-run
+    python -m realformer_tools.experiments.gpu_check [--steps tests,train,ddp,speed] [--out results/gpu]
+    python -m realformer_tools.experiments.gpu_check --quick [--out results/gpu]   # first (sized for 7 minutes)
+    python -m realformer_tools.experiments.gpu_check --dry-run      # CPU, toy sizes (CI)
+    python -m realformer_tools.experiments.gpu_check --quick --dry-run
 
 Steps (each writes ``<out>/<step>.json``; ``<out>/summary.md`` is rewritten after each):
 

@@ -1,4 +1,4 @@
-"""``python -m realformer_nmt.experiments.gpu_check`` (``make gpu-check``)."""
+"""``python -m realformer_tools.experiments.gpu_check`` (``make gpu-check``)."""
 
 import sys
 

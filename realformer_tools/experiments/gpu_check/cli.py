@@ -1,17 +1,18 @@
-"""The command: ``python -m realformer_nmt.experiments.gpu_check`` (``make gpu-check``)."""
+"""The command: ``python -m realformer_tools.experiments.gpu_check`` (``make gpu-check``)."""
 
 import argparse
 import os
 import sys
 
-from ...errors import ConfigError
-from ...modules.residual_attention import KERNELS
+from realformer_nmt.errors import ConfigError
+from realformer_nmt.modules.residual_attention import KERNELS
+
 from .runner import GpuCheck
 from .settings import DEFAULT_OUT, DRY_RUN_OUT, PRECISIONS, STEPS
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m realformer_nmt.experiments.gpu_check",
+    p = argparse.ArgumentParser(prog="python -m realformer_tools.experiments.gpu_check",
                                 description=sys.modules[__package__].__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", default=",".join(STEPS),

@@ -8,8 +8,9 @@ import os
 import sys
 import time
 
-from ...errors import ConfigError
-from ...modules.residual_attention import KERNELS
+from realformer_nmt.errors import ConfigError
+from realformer_nmt.modules.residual_attention import KERNELS
+
 from .. import fairseq_runs
 from .records import check, portable, rel, step_status
 from .settings import (

@@ -113,7 +113,7 @@ def quick_markdown(record) -> str:
 def summary_markdown(records, ctx) -> str:
     dry = ctx.dry_run
     lines = ["# GPU check" + (" (dry run: CPU, toy sizes; not a measurement)" if dry else ""), ""]
-    lines.append("Made by `python -m realformer_nmt.experiments.gpu_check` (`make gpu-check`); "
+    lines.append("Made by `python -m realformer_tools.experiments.gpu_check` (`make gpu-check`); "
                  "see docs/gpu.md. Each step's JSON is next to this file.")
     lines += ["", "| step | status | seconds | device | note |", "| --- | --- | --- | --- | --- |"]
     for step in STEPS:

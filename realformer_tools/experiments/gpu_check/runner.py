@@ -10,9 +10,10 @@ import threading
 import time
 from typing import Dict, Optional
 
-from ...errors import ConfigError
-from ...fairseq_patches import with_data_fixes
-from ...modules.residual_attention import KERNELS
+from realformer_nmt.errors import ConfigError
+from realformer_nmt.modules.residual_attention import KERNELS
+
+from ...fairseq_fixes import with_data_fixes
 from .. import fairseq_runs
 from .ddp_step import DdpStep
 from .quick import QuickCheck
@@ -85,7 +86,7 @@ class GpuCheck(TestsStep, TrainStep, DdpStep, SpeedStep, QuickCheck):
                     "dry_run": self.dry_run,
                     "device": self.device_description(), "seconds": round(time.time() - start, 1),
                     "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                    "command": "python -m realformer_nmt.experiments.gpu_check --steps " + step
+                    "command": "python -m realformer_tools.experiments.gpu_check --steps " + step
                                + (" --dry-run" if self.dry_run else "") + f" --out {rel(self.out)}",
                     "checks": checks,
                 }

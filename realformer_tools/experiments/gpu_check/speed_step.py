@@ -6,7 +6,8 @@ import shutil
 import subprocess
 import sys
 
-from ...modules.residual_attention import user_kernel_rule_path
+from realformer_nmt.modules.residual_attention import user_kernel_rule_path
+
 from .records import check, portable, rel
 from .settings import REPO
 

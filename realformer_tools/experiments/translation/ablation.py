@@ -3,15 +3,13 @@ or cross path alone, on all three, and Post-LN, one recipe."""
 
 import os
 
+from .figures import COLORS, curve_with_band, pyplot
 from .recipe import ABLATION, corpus_info, test_references
 from .report import (
-    COLORS,
     SEED_PAIRED_NOTE,
     bleu_cell,
-    curve_with_band,
     fmt,
     paired_cell,
-    pyplot,
     recipe_lines,
     seed_paired_cell,
     spread_word,

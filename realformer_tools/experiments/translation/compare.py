@@ -6,16 +6,16 @@ Pre-LN) on the same sentences (sacreBLEU's paired bootstrap, per seed); writes
 
 import os
 
-from ...errors import ConfigError
+from realformer_nmt.errors import ConfigError
+
 from .. import fairseq_runs
+from .figures import COLORS, pyplot
 from .recipe import BACKBONES, MAIN_ORDER, corpus_info, test_references
 from .report import (
-    COLORS,
     SEED_PAIRED_NOTE,
     bleu_cell,
     fmt,
     paired_cell,
-    pyplot,
     recipe_lines,
     seconds,
     seed_paired_cell,

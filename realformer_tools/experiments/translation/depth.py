@@ -5,19 +5,11 @@ judged against the best run of the same seed."""
 import os
 from dataclasses import replace
 
-from ...errors import ConfigError
+from realformer_nmt.errors import ConfigError
+
+from .figures import COLORS, curve_with_band, pyplot
 from .recipe import DEPTH_BACKBONES, corpus_info, test_references
-from .report import (
-    COLORS,
-    SEED_PAIRED_NOTE,
-    curve_with_band,
-    fmt,
-    outcome_table,
-    pyplot,
-    recipe_lines,
-    spread_word,
-    write_outputs,
-)
+from .report import SEED_PAIRED_NOTE, fmt, outcome_table, recipe_lines, spread_word, write_outputs
 from .runs import check_backbones, join_notes, machine_description, parallel_note, recipe_record, train_all
 from .stats import add_seed_paired, best_loss_per_seed, outcome_entry, outcome_rule
 

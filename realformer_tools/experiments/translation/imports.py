@@ -22,7 +22,8 @@ import os
 import shlex
 from dataclasses import replace
 
-from ...errors import ConfigError, DataError
+from realformer_nmt.errors import ConfigError, DataError
+
 from .. import fairseq_runs
 from .recipe import ENVIRONMENT, VARIANTS, backbone_flags, check_environment, corpus_info, train_command
 from .stability import run_dir as grid_run_dir

@@ -5,9 +5,11 @@ run's outcome is judged against the same backbone and seed at the normal learnin
 import math
 import os
 
-from ...errors import ConfigError
+from realformer_nmt.errors import ConfigError
+
+from .figures import pyplot
 from .recipe import BACKBONES, corpus_info, test_references
-from .report import fmt, pyplot, seconds, seed_paired_cell, write_outputs
+from .report import fmt, seconds, seed_paired_cell, write_outputs
 from .runs import check_backbones, join_notes, machine_description, parallel_note, recipe_record, train_all
 from .stats import classify, outcome_rule, seed_paired
 

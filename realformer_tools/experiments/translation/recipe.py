@@ -10,8 +10,10 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from ...errors import ConfigError, DataError
-from ...fairseq_patches import SWITCH as DATA_FIXES_SWITCH
+from realformer_nmt.errors import ConfigError, DataError
+
+from ...fairseq_fixes import SWITCH as DATA_FIXES_SWITCH
+from ...plugin_dir import plugin_dir
 from .. import fairseq_runs
 
 BACKBONES = ("postln", "preln", "realformer")  # the main comparison's default set
@@ -60,7 +62,7 @@ SIZES = {
     "iwslt": (6, 512, 1024, 4),    # transformer_iwslt_de_en
     "base": (6, 512, 2048, 8),     # transformer (base) / transformer_wmt_en_de
 }
-USER_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the realformer_nmt package
+USER_DIR = plugin_dir()  # the realformer_nmt package
 REPO = fairseq_runs.REPO  # committed results name paths relative to it
 DEPTH_SIZE = dict(embed_dim=128, ffn_dim=512, heads=4)  # narrow: where depth, not width, is stressed
 

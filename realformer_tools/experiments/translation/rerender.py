@@ -1,6 +1,6 @@
 """Re-render committed results from their JSON alone (no training, no decoding):
 
-    python -m realformer_nmt.experiments.translation.rerender results/*.json
+    python -m realformer_tools.experiments.translation.rerender results/*.json
 
 Each JSON is brought to the current record (``upgrade``: the one outcome vocabulary
 ``ok`` / ``lagging`` / ``diverged`` with its reference named, the seed-paired differences,
@@ -16,7 +16,8 @@ import os
 import re
 import sys
 
-from ...errors import RealFormerError
+from realformer_nmt.errors import RealFormerError
+
 from .ablation import ablation_markdown, plot_ablation
 from .compare import comparison_markdown, plot_comparison
 from .depth import DEPTH_REFERENCE, depth_markdown, plot_depth
@@ -25,29 +26,9 @@ from .recipe import ABLATION, MAIN_ORDER
 from .report import write_outputs
 from .stability import plot_stability, stability_markdown
 from .stats import PAIRED_TEST_NOTE, add_seed_paired, outcome_rule
-from .summary import write_summary
+from .summary import kind, write_summary
 
 RENAMED = {"stalled": "lagging"}  # the depth and lr studies' old word for it
-
-
-def kind(summary):
-    """Which study wrote ``summary`` (None: not a study's results)."""
-    configs = summary.get("configs")
-    if configs and isinstance(configs, list) and "variants" in configs[0] and "machine" in summary:
-        return "speed"
-    if "grid" in summary:
-        return "stability"
-    if "depths" in summary:
-        return "depth"
-    if "runs" in summary and "lrs" in summary:
-        return "lr_sweep"
-    if "encoder" in summary and "all" in summary:
-        return "ablation"
-    if any(isinstance(summary.get(b), dict) and "mlm_accuracy_per_seed" in summary[b] for b in MAIN_ORDER):
-        return "mlm"
-    if any(isinstance(summary.get(b), dict) and "bleu_per_seed" in summary[b] for b in MAIN_ORDER):
-        return "comparison"
-    return None
 
 
 def _outcomes(entry):
@@ -141,7 +122,7 @@ def parse_args(argv=None):
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m realformer_nmt.experiments.translation.rerender",
+        prog="python -m realformer_tools.experiments.translation.rerender",
         description="Re-render committed results from their JSON alone (no training): each study JSON "
                     "is brought to the current record and written back with its .md and .png; then "
                     "summary.png is drawn in each folder from every study JSON in it.",

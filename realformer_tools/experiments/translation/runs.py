@@ -13,8 +13,9 @@ import os
 import platform
 from dataclasses import asdict
 
-from ...errors import ConfigError
-from ...fairseq_patches import with_data_fixes
+from realformer_nmt.errors import ConfigError
+
+from ...fairseq_fixes import with_data_fixes
 from .. import fairseq_runs
 from .recipe import ENVIRONMENT, backbone_flags, check_environment, corpus_info, train_command
 from .report import fmt

@@ -15,20 +15,12 @@ import math
 import os
 from dataclasses import replace
 
-from ...errors import ConfigError
+from realformer_nmt.errors import ConfigError
+
 from .compare import not_run_lines
+from .figures import COLORS, curve_with_band, pyplot
 from .recipe import corpus_info, test_references
-from .report import (
-    COLORS,
-    SEED_PAIRED_NOTE,
-    curve_with_band,
-    fmt,
-    outcome_table,
-    pyplot,
-    recipe_lines,
-    seed_paired_cell,
-    write_outputs,
-)
+from .report import SEED_PAIRED_NOTE, fmt, outcome_table, recipe_lines, seed_paired_cell, write_outputs
 from .runs import (
     check_backbones,
     done_and_missing,

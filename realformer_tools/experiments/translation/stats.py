@@ -3,7 +3,8 @@ paired bootstrap test (per seed, on the same test sentences)."""
 
 import statistics
 
-from ...errors import DataError
+from realformer_nmt.errors import DataError
+
 from .. import fairseq_runs
 from .recipe import BACKBONE_DESCRIPTIONS, backbone_flags
 from .runs import run_hypotheses

@@ -20,6 +20,9 @@ import glob
 import json
 import os
 
+from .figures import pyplot
+from .recipe import MAIN_ORDER
+
 COMPARISONS = (("realformer", "seed_paired_vs_postln", "RealFormer − Post-LN"),
                ("realformer_preln", "seed_paired_vs_preln", "RealFormer on Pre-LN − Pre-LN"))
 REFERENCE = {"seed_paired_vs_postln": "postln", "seed_paired_vs_preln": "preln"}
@@ -27,6 +30,26 @@ STUDY_NAMES = {"comparison": "comparison", "depth": "depth stress", "stability":
                "lr_sweep": "lr sweep", "mlm": "masked LM"}
 ORDER = ("comparison", "depth", "stability", "lr_sweep", "mlm")
 LANGUAGES = {"en": "En", "de": "De", "fr": "Fr"}
+
+
+def kind(summary):
+    """Which study wrote ``summary`` (None: not a study's results)."""
+    configs = summary.get("configs")
+    if configs and isinstance(configs, list) and "variants" in configs[0] and "machine" in summary:
+        return "speed"
+    if "grid" in summary:
+        return "stability"
+    if "depths" in summary:
+        return "depth"
+    if "runs" in summary and "lrs" in summary:
+        return "lr_sweep"
+    if "encoder" in summary and "all" in summary:
+        return "ablation"
+    if any(isinstance(summary.get(b), dict) and "mlm_accuracy_per_seed" in summary[b] for b in MAIN_ORDER):
+        return "mlm"
+    if any(isinstance(summary.get(b), dict) and "bleu_per_seed" in summary[b] for b in MAIN_ORDER):
+        return "comparison"
+    return None
 
 
 def lr_label(lr):
@@ -105,13 +128,11 @@ def _same_runs_key(row):
 
 def summary_rows(folder):
     """The rows of every study JSON in ``folder``, in reading order; rows with the same runs merged."""
-    from .rerender import kind as kind_of
-
     found = []
     for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
         with open(path, encoding="utf-8") as f:
             summary = json.load(f)
-        k = kind_of(summary) if isinstance(summary, dict) else None
+        k = kind(summary) if isinstance(summary, dict) else None
         if k in ORDER:
             found.append((ORDER.index(k), os.path.basename(path)[:-len(".json")], summary, k))
     rows = []
@@ -183,8 +204,6 @@ def _right_limit(fig, low, labels, default):
 
 def plot_summary(rows, path):
     """Draw ``rows`` (``summary_rows``) into ``path``; the masked LM on its own axis below."""
-    from .report import pyplot
-
     plt = pyplot()
     groups = [[r for r in rows if r["kind"] != "mlm"], [r for r in rows if r["kind"] == "mlm"]]
     groups = [g for g in groups if g]
