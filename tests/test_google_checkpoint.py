@@ -158,7 +158,7 @@ def test_reader_rejects_a_file_that_is_not_a_checkpoint_index(tmp_path):
 
 def test_converter_imports_without_tensorflow():
     code = ("import sys, realformer_nmt\n"
-            "from realformer_nmt.models.realformer_bert import google_checkpoint\n"
+            "from realformer_tools.convert import google_checkpoint\n"
             "assert not any(m == 'tensorflow' or m.startswith('tensorflow.') for m in sys.modules)\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env=cli_env(), capture_output=True)
 

@@ -479,7 +479,7 @@ def test_nothing_in_the_repo_disables_weights_only():
         r"|TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD['\"]?\s*\]?\s*="
         r"|(export|setdefault\(|putenv\()\s*['\"]?TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
     )
-    roots = [REPO / "realformer_nmt", REPO / "scripts"]
+    roots = [REPO / "realformer_nmt", REPO / "realformer_tools", REPO / "scripts"]
     files = [p for root in roots if root.exists() for p in root.rglob("*")
              if p.suffix in {".py", ".sh", ".cfg", ".toml", ".yaml", ".yml"}]
     files += [p for p in (REPO / "Makefile", REPO / "setup.py") if p.exists()]

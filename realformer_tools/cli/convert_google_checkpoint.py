@@ -49,7 +49,8 @@ def main(argv=None):
     def convert():
         from realformer_tools.convert import google_checkpoint
 
-        logging.getLogger("realformer_nmt").setLevel(logging.INFO)
+        for package in ("realformer_tools", "realformer_nmt"):  # the converter's progress, the model's
+            logging.getLogger(package).setLevel(logging.INFO)
         return google_checkpoint.convert(args.source, args.out, checkpoint=args.checkpoint,
                                          ignore=args.ignore_variables, verify=not args.no_verify, reader=args.reader)
 
