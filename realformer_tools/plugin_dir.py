@@ -1,6 +1,6 @@
 """Where the plugin is: the folder of the ``realformer_nmt`` package that this Python
 imports (an installed wheel's or a checkout's), the value of fairseq's ``--user-dir``.
-Found without importing the plugin (and so fairseq)."""
+Found from the import system's search, not from where this file lies."""
 
 import importlib.util
 import os

@@ -206,6 +206,17 @@ def test_the_blocking_finder_does_block(tmp_path):
     assert proc.returncode != 0 and "realformer_nmt is blocked" in proc.stderr
 
 
+def test_a_fix_imports_first_in_a_fresh_python(tmp_path):
+    """A fix's module imported before anything else of the project (as a test of it does):
+    the plugin, whose __init__ installs the fixes until issue 48 §1, and the fixes, which
+    import the plugin's errors, meet no half-imported module (the plugin comes first:
+    realformer_tools/__init__.py; the plugin imported first is the test above)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in sys.path if p]))
+    proc = subprocess.run([sys.executable, "-c", "import realformer_tools.fairseq_fixes.cpu_bf16"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_the_hf_modeling_files_import_neither_package():
     """The modeling files shipped into every export import torch and transformers only."""
     modeling = REPO / TOOLS / "hf" / "modeling"

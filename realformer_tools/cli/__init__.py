@@ -3,7 +3,6 @@
 
 The wheel installs them as console commands (``realformer-prepare-data``, ...; the list is
 ``setup.py``'s ``entry_points``), and ``scripts/<name>.py`` in a checkout runs the same
-``main``. It lives inside the plugin package (the project's top-level layout is fixed), so
-importing a command imports ``realformer_nmt`` and with it fairseq: ``--help`` takes the
-seconds that import takes.
+``main``. Importing a command imports the plugin (``realformer_tools/__init__.py`` imports
+it first) and with it fairseq: ``--help`` takes the seconds that import takes.
 """
