@@ -314,3 +314,29 @@ def test_prepare_data_cli_bad_languages_are_one_line(tmp_path, args, needle):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr.strip().splitlines()[-1], proc.stderr
     assert not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize("corpus, raw_dir, needles", [
+    ("multi30k", "../shared/data/multi30k-missing", ["is not a directory: give --download",
+                                                      "github.com/multi30k/dataset", "or --raw-dir a folder holding",
+                                                      "train.en, train.de, val.en, val.de, test_2016_flickr.en, "
+                                                      "test_2016_flickr.de (plain or .gz)"]),
+    ("multi30k", "{empty}", ["has no train.en[.gz]: give --download", "test_2016_flickr.de (plain or .gz)"]),
+    ("iwslt14", "../shared/data/iwslt14-missing", ["is not a directory: give --download (fetches fairseq's "
+                                                    "de-en.tgz) or --raw-dir a folder holding de-en.tgz"]),
+])
+def test_a_raw_dir_that_is_missing_names_both_ways_to_get_the_corpus(tmp_path, corpus, raw_dir, needles):
+    """The quick start's --raw-dir exists in one workspace only: elsewhere the one-line error
+    says what to do, --download or a folder of the official files, named."""
+    (tmp_path / "empty").mkdir()
+    raw_dir = raw_dir.format(empty=tmp_path / "empty")
+    proc = _run_script("--corpus", corpus, "--raw-dir", raw_dir, "--dest", str(tmp_path / "dest"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"prepare_data.py: error: --raw-dir {raw_dir} ")
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert not (tmp_path / "dest").exists()
+    with pytest.raises(pipeline.DataError, match="give --download .* or --raw-dir a folder holding them: "
+                                                 r"train\.fr, train\.en, val\.fr"):
+        multi30k.check_multi30k_source(str(tmp_path / "empty"), langs=("fr", "en"))
