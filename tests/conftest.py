@@ -104,15 +104,29 @@ def pytest_runtest_protocol(item, nextitem):
         _current_item = None
 
 
-def require_shared_data(path):
+# --------------------------------------------------------------------------------------
+# The real corpora: a copy beside the checkout (``../shared/data``) in this workspace only.
+# A clone anywhere else has none, so every test that reads one calls require_shared_data()
+# first: it skips there, named, and fails only in CI, where the data is always provided.
+# These are the only spellings of the path: tests/test_clone_anywhere.py checks that every
+# function naming them is guarded.
+# --------------------------------------------------------------------------------------
+
+SHARED_DATA = REPO.parent / "shared" / "data"
+MULTI30K = SHARED_DATA / "multi30k"
+WIKITEXT2 = SHARED_DATA / "wikitext-2"
+
+
+def require_shared_data(*paths):
     """Skip a test whose real corpus (under ``../shared/data``) is missing, except in CI
     (the ``CI`` environment variable set), where the data is always provided: fail there."""
-    if os.path.isdir(path):
-        return
-    message = f"{path} not available (the real corpus this test reads)"
-    if os.environ.get("CI"):
-        pytest.fail(f"{message}; CI is set, where it must be present")
-    pytest.skip(message)
+    for path in paths:
+        if os.path.isdir(path):
+            continue
+        message = f"{path} not available (the real corpus this test reads)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message}; CI is set, where it must be present")
+        pytest.skip(message)
 
 
 def make_dictionary(n=20):

@@ -11,13 +11,12 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BIN, REPO, USER_DIR, cli_env
+from conftest import BIN, MULTI30K, REPO, SHARED_DATA, USER_DIR, WIKITEXT2, cli_env, require_shared_data
 from test_docs import bash_commands, commands, invocation, section, split_markdown
 
 from realformer_tools.cli import prepare_pretraining_data
 
 CPU_PATH = "Pre-train, fine-tune and evaluate on a CPU (offline)"
-SHARED = REPO.parent / "shared" / "data"
 
 
 def path_blocks():
@@ -100,13 +99,15 @@ SHORT = {"--max-update": 8, "--total-num-update": 8, "--warmup-updates": 2, "--l
 
 def shrunk(words, tmp, **flags):
     """``words`` with paths made absolute (outputs under ``tmp``) and the values of
-    ``flags`` ({"--flag": value}) replaced, or appended when the command lacks the flag."""
+    ``flags`` ({"--flag": value}) replaced, or appended when the command lacks the flag; the
+    corpora the docs read from ``../shared/data`` are this workspace's copy."""
+    require_shared_data(SHARED_DATA)
     out = []
     for w in words:
         if w == "realformer_nmt":
             w = USER_DIR
         elif w.startswith("../shared/data/"):
-            w = str(SHARED / w[len("../shared/data/"):])
+            w = str(SHARED_DATA / w[len("../shared/data/"):])
         elif w.startswith(("data-bin/", "checkpoints/")):
             w = str(tmp / w)
         out.append(w)
@@ -132,9 +133,10 @@ def run(words, tmp):
 
 def first_captions(dest, n=200):
     """The first ``n`` English captions of each shared Multi30k split (real text, few)."""
+    require_shared_data(MULTI30K)
     dest.mkdir()
     for name in ("train", "val", "test_2016_flickr"):
-        with gzip.open(SHARED / "multi30k" / f"{name}.en.gz", "rt", encoding="utf-8") as f:
+        with gzip.open(MULTI30K / f"{name}.en.gz", "rt", encoding="utf-8") as f:
             lines = [next(f) for _ in range(n)]
         (dest / f"{name}.en").write_text("".join(lines), encoding="utf-8")
     return dest
@@ -143,8 +145,7 @@ def first_captions(dest, n=200):
 @pytest.mark.slow
 def test_cpu_path_runs_end_to_end_and_its_model_exports(tmp_path):
     pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[hf]')")
-    if not (SHARED / "wikitext-2").is_dir() or not (SHARED / "multi30k").is_dir():
-        pytest.skip(f"no shared corpora at {SHARED}")
+    require_shared_data(WIKITEXT2, MULTI30K)
     from bert_helpers import TEST_VOCAB
 
     prepare, pretrain, finetune_data, finetune, evaluate = [words for words, _ in path_commands()]

@@ -219,10 +219,14 @@ def test_script_reports_errors_in_one_line(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == (
         f"prepare_pretraining_data.py: error: {tmp_path / 'train.txt'} is not valid UTF-8 (1 line with invalid bytes)")
     assert "Traceback" not in proc.stderr
-    missing = subprocess.run([sys.executable, str(SCRIPT), "--raw-dir", str(tmp_path / "nope"), "--out", "o"],
+    missing = subprocess.run([sys.executable, str(SCRIPT), "--raw-dir", str(tmp_path / "nope"), "--out",
+                              str(tmp_path / "o2")],
                              capture_output=True, text=True, env=cli_env(), timeout=60)
     assert missing.returncode == 2 and missing.stderr.strip() == (
-        f"prepare_pretraining_data.py: error: --raw-dir {tmp_path / 'nope'} is not a directory")
+        f"prepare_pretraining_data.py: error: --raw-dir {tmp_path / 'nope'} is not a directory: give a folder of "
+        "raw text holding train.txt or wiki.train.tokens and valid.txt or wiki.valid.tokens (WikiText-2's archive "
+        "has the wiki.*.tokens files)")
+    assert not (tmp_path / "o2").exists()
     assert "--vocab-size" in subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True,
                                             text=True, timeout=60).stdout
 

@@ -17,7 +17,7 @@ from bert_helpers import (
     pretrained_nsp,
 )
 from cli_helpers import run
-from conftest import trains
+from conftest import require_shared_data, trains
 from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 from fairseq.models.roberta import RobertaHubInterface
@@ -28,6 +28,7 @@ from realformer_nmt.models.realformer_bert import RealFormerBertModel
 def labelled_sentences(n_train=96, n_valid=32):
     """Short WikiText-2 sentences with a class (does it contain a digit?) and a
     regression target (its number of words / 10)."""
+    require_shared_data(WIKITEXT2)
     sentences = []
     for line in (WIKITEXT2 / "valid.txt").read_text(encoding="utf-8").splitlines():
         line = " ".join(line.split())

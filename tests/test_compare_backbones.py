@@ -17,13 +17,12 @@ import time
 
 import pytest
 import sacrebleu
-from conftest import BIN, REPO, USER_DIR, cli_env, require_shared_data
+from conftest import BIN, MULTI30K, REPO, USER_DIR, cli_env, require_shared_data
 
 from realformer_nmt.errors import ConfigError
 from realformer_tools.data import multi30k, pipeline
 from realformer_tools.experiments import compare, fairseq_runs
 
-MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 TINY_SIZE = dict(layers=2, embed_dim=32, ffn_dim=64, heads=2)
 
 

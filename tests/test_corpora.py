@@ -7,12 +7,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import require_shared_data
+from conftest import MULTI30K, require_shared_data
 
 from realformer_tools.data import corpora, multi30k, pipeline, synthetic_en_de
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MULTI30K_DIR = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "multi30k"))
 
 
 def _lines(path):
@@ -120,8 +119,8 @@ def _write_gz(path, text):
 
 
 def test_multi30k_from_local_gz(tmp_path):
-    require_shared_data(MULTI30K_DIR)
-    report = multi30k.load_multi30k(str(tmp_path), raw_dir=MULTI30K_DIR)
+    require_shared_data(MULTI30K)
+    report = multi30k.load_multi30k(str(tmp_path), raw_dir=str(MULTI30K))
     expected = {"train": 29000, "valid": 1014, "test": 1000}
     for split, n in expected.items():
         assert report[split]["kept"] == n
@@ -234,13 +233,13 @@ def test_multi30k_download_uses_official_urls_and_reports_failure(tmp_path, monk
 
 def test_multi30k_any_pair_from_the_shared_corpus(tmp_path):
     """French->German from the shared copy: each side is that language's official file."""
-    require_shared_data(MULTI30K_DIR)
-    if not os.path.exists(os.path.join(MULTI30K_DIR, "train.fr.gz")):
+    require_shared_data(MULTI30K)
+    if not os.path.exists(os.path.join(MULTI30K, "train.fr.gz")):
         pytest.skip("the shared Multi30k copy has no French side")
-    report = multi30k.load_multi30k(str(tmp_path), raw_dir=MULTI30K_DIR, langs=("fr", "de"))
+    report = multi30k.load_multi30k(str(tmp_path), raw_dir=str(MULTI30K), langs=("fr", "de"))
     for split, name in multi30k.MULTI30K_FILES.items():
         for lang in ("fr", "de"):
-            with gzip.open(os.path.join(MULTI30K_DIR, f"{name}.{lang}.gz"), "rt", encoding="utf-8") as f:
+            with gzip.open(os.path.join(MULTI30K, f"{name}.{lang}.gz"), "rt", encoding="utf-8") as f:
                 official = [" ".join(line.split()) for line in f.read().splitlines()]
             assert _lines(tmp_path / f"{split}.{lang}") == official, (split, lang)
         assert report[split]["kept"] == {"train": 29000, "valid": 1014, "test": 1000}[split]
@@ -310,8 +309,34 @@ def test_en_de_data_without_language_records_keeps_its_bounds(tmp_path):
     (("--corpus", "synthetic", "--tgt", "fr"), "--corpus synthetic is English->German only"),
 ])
 def test_prepare_data_cli_bad_languages_are_one_line(tmp_path, args, needle):
-    base = ("--corpus", "multi30k", "--raw-dir", MULTI30K_DIR) if "--corpus" not in args else ()
+    base = ("--corpus", "multi30k", "--raw-dir", str(tmp_path)) if "--corpus" not in args else ()
     proc = _run_script(*base, *args, "--dest", str(tmp_path / "dest"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr.strip().splitlines()[-1], proc.stderr
     assert not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize("corpus, raw_dir, needles", [
+    ("multi30k", "../shared/data/multi30k-missing", ["is not a directory: give --download",
+                                                      "github.com/multi30k/dataset", "or --raw-dir a folder holding",
+                                                      "train.en, train.de, val.en, val.de, test_2016_flickr.en, "
+                                                      "test_2016_flickr.de (plain or .gz)"]),
+    ("multi30k", "{empty}", ["has no train.en[.gz]: give --download", "test_2016_flickr.de (plain or .gz)"]),
+    ("iwslt14", "../shared/data/iwslt14-missing", ["is not a directory: give --download (fetches fairseq's "
+                                                    "de-en.tgz) or --raw-dir a folder holding de-en.tgz"]),
+])
+def test_a_raw_dir_that_is_missing_names_both_ways_to_get_the_corpus(tmp_path, corpus, raw_dir, needles):
+    """The quick start's --raw-dir exists in one workspace only: elsewhere the one-line error
+    says what to do, --download or a folder of the official files, named."""
+    (tmp_path / "empty").mkdir()
+    raw_dir = raw_dir.format(empty=tmp_path / "empty")
+    proc = _run_script("--corpus", corpus, "--raw-dir", raw_dir, "--dest", str(tmp_path / "dest"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"prepare_data.py: error: --raw-dir {raw_dir} ")
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert not (tmp_path / "dest").exists()
+    with pytest.raises(pipeline.DataError, match="give --download .* or --raw-dir a folder holding them: "
+                                                 r"train\.fr, train\.en, val\.fr"):
+        multi30k.check_multi30k_source(str(tmp_path / "empty"), langs=("fr", "en"))

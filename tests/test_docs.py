@@ -577,13 +577,16 @@ def fairseq_namespace(tool, words):
     return vars(options.parse_args_and_arch(parser, [str(w) for w in words]))
 
 
-def test_readme_demo_paragraph_says_what_a_slow_machine_gets(monkeypatch):
+def test_demo_section_says_what_a_slow_machine_gets(monkeypatch):
     import importlib
 
     demo = importlib.import_module("realformer_tools.cli.run_demo")  # what scripts/run_demo.py runs
-    text = " ".join(section("README.md", "Two commands on a fresh machine").split())
+    readme = " ".join(section("README.md", "Two commands on a fresh machine").split())
+    text = " ".join(section("docs/translation.md", "The demo (`make demo`)").split())
     defaults = demo.parse_args([])
-    assert f"{defaults.max_update} updates" in text and f"capped at {defaults.max_minutes:g} minutes" in text
+    for page in (readme, text):
+        assert f"{defaults.max_update} updates" in page and f"capped at {defaults.max_minutes:g} minutes" in page
+    assert "(docs/translation.md#the-demo-make-demo)" in readme
     assert "`UNDERTRAINED: ...`" in text and 'print(f"UNDERTRAINED: training stopped early' in \
         (REPO / "realformer_tools" / "cli" / "run_demo.py").read_text(encoding="utf-8")
     monkeypatch.setenv("MAKELEVEL", "1")  # the command the demo prints under `make demo`, verbatim
@@ -591,7 +594,7 @@ def test_readme_demo_paragraph_says_what_a_slow_machine_gets(monkeypatch):
     # make's own report of a failed recipe: "Error <the demo's status>", and make exits 2
     line = next(n for n, row in enumerate((REPO / "Makefile").read_text().splitlines(), 1) if row == "demo: setup")
     assert f"`make: *** [Makefile:{line + 1}: demo] Error 1` and exit status 2" in text
-    assert "set-up takes about 5 minutes" in text
+    assert "a first set-up takes about 5 minutes" in text and "set-up 60 s, `make demo` 53 s" in text
 
 
 def test_translation_docs_give_the_cpu_recipe_of_the_results(monkeypatch):
@@ -707,3 +710,98 @@ def test_no_issue_numbers_in_the_readme_or_docs():
     for page, text in all_text():
         found = re.findall(r"(?i)\bissues?\s*#?\d+|(?<![\w/])#\d+\b", text)
         assert not found, f"{rel(page)} names issue numbers a reader cannot look up: {found}"
+
+
+# --------------------------------------------------------------------------------------
+# The first screen: what it is, whether it helps (in numbers no stronger than their
+# intervals), the two commands with idle-machine timings; what to do without --user-dir
+# --------------------------------------------------------------------------------------
+
+FIRST_SCREEN = 30  # lines
+NUMBER_WORDS = {3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
+
+
+def seed_paired_summaries():
+    """Every seed-paired summary ({"mean", "sd", "ci95", "seeds"}) of the committed results/*.json."""
+    import json
+
+    def walk(obj):
+        if isinstance(obj, dict):
+            if {"mean", "sd", "ci95"} <= set(obj):
+                yield obj
+            for value in obj.values():
+                yield from walk(value)
+        elif isinstance(obj, list):
+            for value in obj:
+                yield from walk(value)
+
+    return [s for path in sorted((REPO / "results").glob("*.json"))
+            for s in walk(json.loads(path.read_text(encoding="utf-8")))]
+
+
+def headline():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    return text[text.index("<!-- headline"):text.index("<!-- /headline -->")]
+
+
+def test_the_first_screen_says_what_it_is_whether_it_helps_and_the_two_commands_with_idle_timings():
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    first = "\n".join(lines[:FIRST_SCREEN])
+    assert "plugin you load with `--user-dir`" in first and "`realformer_transformer`" in first
+    assert "**Does it help?**" in first and "<!-- /headline -->" in first
+    assert "make demo   #" in first and "make test   #" in first
+    assert "On a quiet 2-core machine" in first and "set-up 60 s, `make demo` 53 s" in first
+    assert "load 2" not in first  # busy-machine figures live in the docs
+
+
+def test_the_headline_quotes_the_committed_summaries_and_claims_no_more_than_their_intervals():
+    summaries = seed_paired_summaries()
+    quoted = {f"{s['mean']:+.2f} ± {s['sd']:.2f}": s for s in summaries}
+    bullets = [line for line in headline().splitlines() if line.startswith("- ")]
+    assert len(bullets) == 3, bullets
+    for bullet in bullets:
+        pairs = re.findall(r"[+-]\d+\.\d\d ± \d+\.\d\d", bullet)
+        for pair in pairs:
+            assert pair in quoted, f"{pair} is in no committed results/*.json: {bullet}"
+        if not pairs:
+            continue
+        first = quoted[pairs[0]]
+        low, high = first["ci95"]
+        interval = f"{low:+.2f} to {high:+.2f}"
+        if interval in bullet and "seeds" in bullet:
+            assert f"{NUMBER_WORDS[len(first['seeds'])]} seeds" in bullet, bullet
+        lead = bullet.split("**")[1]
+        if low <= 0 <= high:  # an interval that holds zero claims nothing
+            assert not re.search(r"\babout\b|\bgain|\bhelps?\b", lead), bullet
+        else:
+            assert interval in bullet, f"a claimed effect quotes its interval: {bullet}"
+    gain = next(b for b in bullets if "Pre-LN Transformer" in b)
+    assert "three seeds" not in gain  # five-seed numbers, until the lead puts in the ten
+
+
+def test_the_troubleshooting_box_quotes_what_fairseq_prints_without_the_plugin(tmp_path):
+    """The two messages fairseq gives when --user-dir is forgotten, as fairseq (no plugin)
+    prints them, and the README's fix."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    box = [line for line in text.splitlines() if line.startswith("> ")]
+    assert len(box) == 3, box
+    box = "\n".join(box)
+    assert "`UnpicklingError: Weights only load failed`" in box and "`fairseq-generate`" in box
+    assert "`argument --arch/-a: invalid choice: 'realformer_transformer'`" in box and "`fairseq-train`" in box
+    assert "`--user-dir realformer_nmt`" in box and '`--user-dir "$(realformer-nmt-user-dir)"`' in box
+    assert "weights_only=False" in box  # the advice torch prints, which the box says not to take
+    code = f"""
+import argparse, sys, torch
+from fairseq import checkpoint_utils, options
+torch.save({{"args": argparse.Namespace(arch="realformer_transformer"), "model": {{}}}}, {str(tmp_path / "c.pt")!r})
+try:
+    checkpoint_utils.load_checkpoint_to_cpu({str(tmp_path / "c.pt")!r})
+except Exception as exc:
+    print(type(exc).__name__ + ": " + str(exc).splitlines()[0])
+assert "realformer_nmt" not in sys.modules
+options.parse_args_and_arch(options.get_training_parser(), ["data", "--arch", "realformer_transformer"])
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stdout.startswith("UnpicklingError: Weights only load failed"), proc.stdout
+    assert "argument --arch/-a: invalid choice: 'realformer_transformer'" in proc.stderr.splitlines()[-1]

@@ -25,7 +25,7 @@ else:
     transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[hf]')")
 
 from bert_helpers import WIKITEXT2, prepared_wikitext2  # noqa: E402
-from conftest import REPO, cli_env, trains  # noqa: E402
+from conftest import MULTI30K, REPO, cli_env, require_shared_data, trains  # noqa: E402
 from fairseq.data.encoders.sentencepiece_bpe import SentencepieceBPE, SentencepieceConfig  # noqa: E402
 from test_google_checkpoint import (  # noqa: E402
     VOCAB,
@@ -592,6 +592,7 @@ def test_export_json_holds_no_machine_path_and_the_card_has_the_hub_header(pretr
 
 
 def wikitext_valid_lines():
+    require_shared_data(WIKITEXT2)
     return [line for line in (WIKITEXT2 / "valid.txt").read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
@@ -691,7 +692,6 @@ def test_hf_folder_is_ignored_by_git():
 # a sentence_prediction fine-tune (a caption task made from Multi30k)
 # --------------------------------------------------------------------------------------
 
-MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 HEAD = "sentence_classification_head"
 
 
@@ -700,6 +700,7 @@ def caption_rows():
     import gzip
     import re
 
+    require_shared_data(MULTI30K)
     with gzip.open(MULTI30K / "train.en.gz", "rt", encoding="utf-8") as f:
         captions = [line.strip() for line in f if line.strip()]
     dog = re.compile(r"\bdogs?\b", re.IGNORECASE)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, cli_env
+from conftest import MULTI30K, REPO, cli_env, require_shared_data
 
 SCRIPT = REPO / "scripts" / "prepare_finetune_data.py"
 SENTENCES = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song",
@@ -119,7 +119,6 @@ def test_missing_files_are_one_line(pretrained, tmp_path):
 # the first captions of the shared copy
 # --------------------------------------------------------------------------------------
 
-MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 CAPTION_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 
 
@@ -132,8 +131,7 @@ def captions(tmp_path_factory):
 
     import sentencepiece as spm
 
-    if not MULTI30K.is_dir():
-        pytest.skip(f"no Multi30k copy at {MULTI30K}")
+    require_shared_data(MULTI30K)
     root = tmp_path_factory.mktemp("captions")
     raw, pretrained = root / "multi30k", root / "pretrained"
     raw.mkdir()

@@ -146,3 +146,24 @@ def test_arch_choices_accept_every_registered_name_and_suggest_for_others():
         "transfomer" in choices  # noqa: B015
     with pytest.raises(FlagValueError, match="none of the .* registered names is close .e.g. transformer, roberta"):
         "zzzzzzzz" in choices  # noqa: B015
+
+
+@pytest.mark.parametrize("name, first", [
+    ("realformer", {"realformer_transformer", "realformer_bert"}),  # the README's two names, before variants
+    ("Realformer-Transformer", {"realformer_transformer"}),
+    ("realformer_transfomer", {"realformer_transformer"}),
+    ("transfomer", {"transformer"}),
+    ("realformer_bert_googl", {"realformer_bert_google"}),
+])
+def test_arch_suggestions_put_the_names_that_start_with_it_first(name, first):
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    suggested = arch_choices.suggestions(name, list(ARCH_MODEL_REGISTRY))
+    assert set(suggested[:len(first)]) == first and len(suggested) == 3, suggested
+    assert all(a in ARCH_MODEL_REGISTRY for a in suggested)
+    with pytest.raises(FlagValueError, match="did you mean " + ", ".join(suggested) + r"\?"):
+        name in arch_choices.ArchChoices()  # noqa: B015
+    # difflib alone (what the check used before) leaves realformer_transformer out for `realformer`
+    import difflib
+    if name == "realformer":
+        assert "realformer_transformer" not in difflib.get_close_matches(name, list(ARCH_MODEL_REGISTRY), n=3)

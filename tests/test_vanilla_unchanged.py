@@ -17,12 +17,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BIN, REPO, USER_DIR, cli_env, require_shared_data
+from conftest import BIN, MULTI30K, USER_DIR, WIKITEXT2, cli_env, require_shared_data
 
 from realformer_tools.fairseq_fixes import SWITCH
 
-MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
-WIKITEXT2 = REPO.parent / "shared" / "data" / "wikitext-2"
 TIMING = {"wps", "ups", "wall", "train_wall", "gb_free"}  # wall-clock fields, not numbers of the run
 ANNOUNCEMENT = f"{SWITCH}=1: fairseq's data handling fixed"
 

@@ -7,7 +7,7 @@ import collections
 import re
 
 import pytest
-from bert_helpers import WIKITEXT2
+from bert_helpers import WIKITEXT2, require_shared_data
 from fairseq.data import encoders
 
 from realformer_nmt.models.realformer_bert.wordpiece import WordPieceBPE, WordPieceTokenizer, is_uncased
@@ -71,6 +71,7 @@ def wikitext_vocab(lines, lowercase):
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_matches_huggingface_bert_tokenizer_on_wikitext(lowercase, tmp_path):
     transformers = pytest.importorskip("transformers")
+    require_shared_data(WIKITEXT2)
     lines = [line for line in (WIKITEXT2 / "valid.txt").read_text(encoding="utf-8").splitlines() if line.strip()][:1500]
     lines += ["Café naïve résumé — “quoted” 北京 ½ ﬁ e\u0301", "tabs\tand\u00a0non-breaking\u2003spaces"]
     vocab = wikitext_vocab(lines, lowercase)

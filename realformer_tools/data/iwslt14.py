@@ -81,7 +81,8 @@ def check_iwslt14_source(raw_dir=None, download=False):
         raise DataError("use either --raw-dir or --download, not both")
     if raw_dir is not None:
         if not os.path.isdir(raw_dir):
-            raise DataError(f"--raw-dir {raw_dir} is not a directory")
+            raise DataError(f"--raw-dir {raw_dir} is not a directory: give --download (fetches fairseq's {ARCHIVE}) "
+                            f"or --raw-dir a folder holding {ARCHIVE} or its extracted {LANG_PAIR}/ folder")
         if not any(os.path.exists(p) for p in (os.path.join(raw_dir, LANG_PAIR), os.path.join(raw_dir, ARCHIVE),
                                                 os.path.join(raw_dir, train_file(SRC)))):
             raise DataError(f"--raw-dir {raw_dir} holds neither {ARCHIVE} nor a {LANG_PAIR}/ folder")

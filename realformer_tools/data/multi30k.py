@@ -17,13 +17,19 @@ MULTI30K_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}.{lang}.gz"
 
 
-def _find_raw_file(raw_dir, name, lang):
+def where_to_get_it(langs=LANGS):
+    """The two ways to give Multi30k, which every error about a missing copy names."""
+    files = ", ".join(f"{name}.{lang}" for name in MULTI30K_FILES.values() for lang in langs)
+    return (f"give --download (fetches the official files from github.com/multi30k/dataset) or --raw-dir "
+            f"a folder holding them: {files} (plain or .gz)")
+
+
+def _find_raw_file(raw_dir, name, lang, langs=LANGS):
     for candidate in (f"{name}.{lang}", f"{name}.{lang}.gz"):
         path = os.path.join(raw_dir, candidate)
         if os.path.isfile(path):
             return path
-    raise DataError(f"missing Multi30k file {os.path.join(raw_dir, name + '.' + lang)}[.gz] "
-                    f"(check --raw-dir {raw_dir})")
+    raise DataError(f"--raw-dir {raw_dir} has no {name}.{lang}[.gz]: {where_to_get_it(langs)}")
 
 
 def _download(name, lang, dest_dir):
@@ -56,13 +62,13 @@ def check_multi30k_source(raw_dir=None, download=False, langs=LANGS):
     """Fail early (before anything is written) when there is nowhere to read Multi30k from."""
     check_langs(langs)
     if raw_dir is None and not download:
-        raise DataError("Multi30k needs --raw-dir DIR (a local copy) or --download")
+        raise DataError(f"Multi30k needs a source: {where_to_get_it(langs)}")
     if raw_dir is not None and not os.path.isdir(raw_dir):
-        raise DataError(f"--raw-dir {raw_dir} is not a directory")
+        raise DataError(f"--raw-dir {raw_dir} is not a directory: {where_to_get_it(langs)}")
     if raw_dir is not None:
         for name in MULTI30K_FILES.values():
             for lang in langs:
-                _find_raw_file(raw_dir, name, lang)
+                _find_raw_file(raw_dir, name, lang, langs)
 
 
 def load_multi30k(out_dir, raw_dir=None, download=False, langs=LANGS):
@@ -72,7 +78,7 @@ def load_multi30k(out_dir, raw_dir=None, download=False, langs=LANGS):
     report = {}
     for split, name in MULTI30K_FILES.items():
         if raw_dir is not None:
-            paths = [_find_raw_file(raw_dir, name, lang) for lang in langs]
+            paths = [_find_raw_file(raw_dir, name, lang, langs) for lang in langs]
         else:
             paths = [_download(name, lang, out_dir) for lang in langs]
         pairs, report[split] = read_parallel(*paths)

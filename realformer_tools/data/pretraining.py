@@ -36,6 +36,12 @@ RAW_CANDIDATES = {
     "valid": ("valid.txt", "wiki.valid.tokens"),
 }
 FLAGS = {"train": "--train-file", "valid": "--valid-file"}
+
+
+def raw_dir_hint():
+    """What --raw-dir must hold, for the error about one that is missing."""
+    return (f"give a folder of raw text holding {' or '.join(RAW_CANDIDATES['train'][:2])} and "
+            f"{' or '.join(RAW_CANDIDATES['valid'])} (WikiText-2's archive has the wiki.*.tokens files)")
 # WikiText writes an out-of-vocabulary word as the literal "<unk>": one SentencePiece
 # symbol, which fairseq's dictionary reads as its own <unk> (SentencePiece's unknown
 # piece is renamed so the two do not clash).
@@ -67,7 +73,7 @@ def find_raw_files(raw_dir, train_file=None, valid_file=None):
     """``{"train": path, "valid": path}``: explicit names (relative to ``raw_dir``), or the
     first of ``RAW_CANDIDATES`` that exists."""
     if not os.path.isdir(raw_dir):
-        raise DataError(f"--raw-dir {raw_dir} is not a directory")
+        raise DataError(f"--raw-dir {raw_dir} is not a directory: {raw_dir_hint()}")
     files = {}
     for split, given in (("train", train_file), ("valid", valid_file)):
         if given:

@@ -10,8 +10,9 @@ Fix: ``options.add_model_args`` is wrapped (fairseq-train builds its parser afte
 ``--user-dir`` loaded the plugin) so that ``--arch``'s choices are :class:`ArchChoices`:
 the same registered names, whose membership test raises a
 :class:`~realformer_nmt.errors.FlagValueError` (printed as one line, exit status 1) for a
-name that is not registered, with up to three close matches (``difflib``; a few common
-names when none is close). A registered
+name that is not registered, with up to three suggestions (names that start with or
+contain it first, their family names before the variants, then ``difflib``'s close
+matches; a few common names when none is close). A registered
 name passes exactly as before (argparse stores the string), and ``--help`` is unchanged
 (``--arch`` shows its metavar ``ARCH``). Without ``--user-dir`` the plugin is not loaded
 and fairseq prints its own usage.
@@ -32,6 +33,29 @@ _FIXED = "__realformer_fixed__"
 EXAMPLES = ("transformer", "roberta", "realformer_transformer", "realformer_bert")  # named when nothing is close
 
 
+def suggestions(name, registered, n=3):
+    """Up to ``n`` registered names for a name that is not one, best first.
+
+    Names that start with it (given two characters or more), then names that contain it (three
+    or more; case ignored, ``-`` read as ``_``), each group with its family names first, those
+    that extend no other match (``realformer`` -> ``realformer_transformer`` and
+    ``realformer_bert`` before ``realformer_bert_base``); then ``difflib``'s close matches
+    (typos: ``transfomer`` -> ``transformer``)."""
+    key = name.lower().replace("-", "_")
+
+    def similarity(arch):
+        return -difflib.SequenceMatcher(None, key, arch.lower()).ratio(), arch
+
+    prefix = [a for a in registered if len(key) >= 2 and a.lower().startswith(key)]
+    inside = [a for a in registered if len(key) >= 3 and key in a.lower() and a not in prefix]
+    ranked = []
+    for group in (prefix, inside):
+        families = [a for a in group if not any(a != b and a.startswith(b + "_") for b in group)]
+        ranked += sorted(families, key=similarity) + sorted(set(group) - set(families), key=similarity)
+    ranked += difflib.get_close_matches(name, registered, n=n, cutoff=0.6)
+    return list(dict.fromkeys(ranked))[:n]
+
+
 class ArchChoices:
     """``ARCH_MODEL_REGISTRY``'s names as argparse choices, refusing an unknown one in one line."""
 
@@ -44,7 +68,7 @@ class ArchChoices:
     def __contains__(self, name):
         if name in ARCH_MODEL_REGISTRY:
             return True
-        close = difflib.get_close_matches(str(name), list(ARCH_MODEL_REGISTRY), n=3, cutoff=0.6)
+        close = suggestions(str(name), list(ARCH_MODEL_REGISTRY))
         examples = [a for a in EXAMPLES if a in ARCH_MODEL_REGISTRY]
         hint = (f"did you mean {', '.join(close)}?" if close else
                 f"none of the {len(ARCH_MODEL_REGISTRY)} registered names is close (e.g. {', '.join(examples)})")
