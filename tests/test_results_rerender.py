@@ -136,6 +136,44 @@ def test_seed_paired_differences_recomputed_from_the_per_seed_values(path):
     assert checked >= 2
 
 
+@pytest.mark.parametrize("path", [p for p in STUDY_JSONS if rerender.kind(json.loads(p.read_text())) == "comparison"],
+                         ids=lambda p: p.stem)
+def test_valid_loss_and_test_set_differences_recomputed(path):
+    """A comparison's seed-paired best-valid-loss differences (3 decimals) and, where its runs
+    were scored on several test sets, the per-set and over-the-sets differences, recomputed
+    here from the per-seed values."""
+    s = json.loads(path.read_text())
+    entries = {b: s[b] for b in compare.MAIN_ORDER if b in s}
+    checked = 0
+    for b, e in entries.items():
+        for ref in ("postln", "preln"):
+            if ref not in entries or ref == b:
+                continue
+            r = entries[ref]
+            record = e[f"seed_paired_valid_loss_vs_{ref}"]
+            diffs = _expected(e["valid_loss_per_seed"], r["valid_loss_per_seed"], e["seeds"], r["seeds"])
+            assert record["per_seed"] == pytest.approx(diffs, abs=1e-9)
+            assert record["mean"] == pytest.approx(statistics.mean(diffs), abs=0.0005 + 1e-9)
+            if len(diffs) >= 3:
+                half = T_975[len(diffs) - 1] * statistics.stdev(diffs) / math.sqrt(len(diffs))
+                assert record["ci95"] == pytest.approx([statistics.mean(diffs) - half, statistics.mean(diffs) + half],
+                                                       abs=0.0011)
+            checked += 1
+            by_set = e.get(f"seed_paired_vs_{ref}_by_test_set")
+            if by_set is None:
+                assert "bleu_per_seed_by_test_set" not in e
+                continue
+            for name, rec in by_set.items():
+                _check(rec, e["bleu_per_seed_by_test_set"][name], r["bleu_per_seed_by_test_set"][name], e["seeds"],
+                       r["seeds"])
+            over = e.get(f"seed_paired_vs_{ref}_over_test_sets")
+            if over:
+                means = [statistics.mean(by_set[n]["per_seed"][by_set[n]["seeds"].index(seed)] for n in by_set)
+                         for seed in over["seeds"]]
+                assert over["per_seed"] == pytest.approx(means, abs=1e-9)
+    assert checked >= 6
+
+
 def _outcomes(obj):
     if isinstance(obj, dict):
         for k, v in obj.items():
@@ -154,6 +192,39 @@ def _outcomes(obj):
 def test_every_outcome_is_one_of_the_three_words(path):
     outcomes = list(_outcomes(json.loads(path.read_text())))
     assert outcomes and set(outcomes) <= set(stats.OUTCOMES)
+
+
+def test_one_lagging_rule_in_every_study_with_outcomes():
+    """``lagging`` means one thing in every committed study: more than the margin above the lowest
+    best valid loss of the study's finished runs of the same seed (every backbone, lr and depth),
+    whose values the JSON lists; recomputed here from the runs' own losses."""
+    checked = 0
+    for path in STUDY_JSONS:
+        s = json.loads(path.read_text())
+        k = rerender.kind(s)
+        if k not in ("lr_sweep", "depth", "stability"):
+            continue
+        assert "lowest best valid loss" in s["reference"] and s["reference"].endswith("of the same seed")
+        assert s["reference"] in (s.get("rule") or s.get("divergence_rule"))
+        if k == "lr_sweep":
+            runs = [(e["seed"], e["status"], e["best_valid_loss"], e["outcome"])
+                    for by_lr in s["runs"].values() for es in by_lr.values() for e in es]
+        else:
+            rows = s["depths"].values() if k == "depth" else s["grid"].values()
+            runs = [(seed, st, loss, outcome) for row in rows for e in row.values() if e
+                    for seed, st, loss, outcome in zip(e["seeds"], e["fairseq_status_per_seed"],
+                                                        e["valid_loss_per_seed"], e["status_per_seed"])]
+        best = {}
+        for seed, status, loss, _ in runs:
+            if status == "finished" and loss is not None:
+                best[seed] = min(best.get(seed, loss), loss)
+        assert {int(k): v for k, v in s["reference_loss_per_seed"].items()} == best
+        for seed, status, loss, outcome in runs:
+            expected = ("diverged" if status != "finished" or loss is None
+                        else "lagging" if loss > best[seed] + s["margin"] else "ok")
+            assert outcome == expected, (path.name, seed, loss)
+            checked += 1
+    assert checked >= 9 + 20 + 30 + 48
 
 
 def test_main_table_quotes_the_seed_paired_difference():
