@@ -40,6 +40,16 @@ def test_the_same_command_trains_the_same_run_again(m30k_slice, committed, tmp_p
     again = compare.compare(str(m30k_slice), str(tmp_path / "runs"), tiny_recipe(), backbones=("postln",),
                             results_path=str(tmp_path / "again.json"), threads=1, log=_quiet)
     assert _entry_fields(again["postln"]) == _entry_fields(json.loads(committed.read_text())["postln"])
+    # the report says so: the run trained again reproduces the file's (RealFormer: reported as the file has it)
+    report = compare.compare(str(m30k_slice), str(tmp_path / "runs"), tiny_recipe(), backbones=("postln",),
+                             results_path=str(tmp_path / "report.json"), report_only=True,
+                             import_from=str(committed), log=_quiet)
+    (record,) = report["reproducibility"]["runs"]
+    assert (record["backbone"], record["seed"], record["committed_in"]) == ("postln", 1, str(committed))
+    assert record["bleu_equal"] and record["valid_loss_equal"] and record["curve_equal"]
+    assert record["rerun_bleu"] == record["committed_bleu"] == again["postln"]["bleu"]
+    assert report["realformer"]["imported_from_per_seed"] == [str(committed)]
+    assert "1 of 1 runs trained again reproduce the committed run exactly" in (tmp_path / "report.md").read_text()
 
 
 @pytest.mark.slow

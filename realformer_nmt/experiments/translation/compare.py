@@ -5,6 +5,7 @@ Pre-LN) on the same sentences (sacreBLEU's paired bootstrap, per seed); writes
 ``<name>.json``, ``<name>.md``, ``<name>.png`` and ``<name>_hyps/``."""
 
 import os
+import statistics
 
 from ...errors import ConfigError
 from .. import fairseq_runs
@@ -306,7 +307,7 @@ def test_set_lines(summary, backbones):
              "| backbone | " + " | ".join(f"`{n}`" for n in names) + " |", "| --- |" + " --- |" * len(names)]
     for b in backbones:
         s = summary[b]
-        per_set = s.get("bleu_per_seed_by_test_set") or {}
+        per_set = dict(s.get("bleu_per_seed_by_test_set") or {names[0]: s["bleu_per_seed"]})
         cells = []
         for n in names:
             values = per_set.get(n) or ([None] * len(s["seeds"]))
@@ -314,10 +315,11 @@ def test_set_lines(summary, backbones):
             if not scored:
                 cells.append("not scored")
                 continue
-            mean = (s.get("bleu_by_test_set") or {}).get(n)
-            sd = (s.get("bleu_std_by_test_set") or {}).get(n)
-            cells.append(f"{spread(mean, sd, [v for _, v in scored])} (seeds {seed_list([k for k, _ in scored])}: "
-                         + ", ".join(fmt(v) for _, v in scored) + ")")
+            finite = [v for _, v in scored]
+            mean = round(statistics.mean(finite), 2)
+            sd = round(statistics.stdev(finite), 2) if len(finite) > 1 else None
+            cells.append(f"{spread(mean, sd, finite)} (seeds {seed_list([k for k, _ in scored])}: "
+                         + ", ".join(fmt(v) for v in finite) + ")")
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
     return lines
 
@@ -343,7 +345,8 @@ def paired_by_set_lines(summary, backbones):
     for b, ref in pairs:
         s = summary[b]
         if len(names) > 1:
-            by_set = s.get(f"seed_paired_vs_{ref}_by_test_set") or {}
+            by_set = dict(s.get(f"seed_paired_vs_{ref}_by_test_set") or {})
+            by_set.setdefault(names[0], s.get(f"seed_paired_vs_{ref}"))  # the headline: the table's own record
             cells = [seed_paired_cell(by_set, n) for n in names]
         else:
             cells = [seed_paired_cell(s, f"seed_paired_vs_{ref}")]
@@ -451,6 +454,6 @@ def plot_test_sets(ax, summary, names, questions):
     ax.set_xticks(range(len(columns)))
     ax.set_xticklabels([n.replace("test_", "").replace("_", " ") for n in columns], fontsize=9)
     ax.set_ylabel("ΔBLEU, same seed")
-    ax.set_title("seed-paired ΔBLEU per test set (◆ mean, 95% interval; dots: seeds)")
+    ax.set_title("ΔBLEU per test set, same seed (◆ mean, 95% interval; dots: seeds)", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)

@@ -24,7 +24,7 @@ from .lr_sweep import classify_sweep, plot_sweep, sweep_markdown, sweep_referenc
 from .recipe import ABLATION, MAIN_ORDER
 from .report import write_outputs
 from .stability import plot_stability, stability_markdown
-from .stats import PAIRED_TEST_NOTE, add_seed_paired, add_test_set_paired, outcome_rule
+from .stats import PAIRED_TEST_NOTE, add_seed_paired, add_test_set_paired, outcome_rule, test_set_means
 from .summary import write_summary
 
 RENAMED = {"stalled": "lagging"}  # the depth and lr studies' old word for it
@@ -75,6 +75,8 @@ def upgrade(summary):
             _outcomes(e)
         add_seed_paired(entries, metric="mlm_accuracy_per_seed" if k == "mlm" else "bleu_per_seed")
         if k == "comparison":
+            for e in entries.values():
+                test_set_means(e)
             add_test_set_paired(entries)
         _paired_note(summary)
     elif k == "ablation":

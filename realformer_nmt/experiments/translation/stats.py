@@ -204,6 +204,15 @@ def test_set_entries(entry, results, names):
             values.append(by_set.get(name))
         per[name] = values
     entry[TEST_SET_KEY] = per
+    return test_set_means(entry)
+
+
+def test_set_means(entry):
+    """``bleu_by_test_set`` / ``bleu_std_by_test_set`` of an entry from its
+    ``bleu_per_seed_by_test_set`` (mean and sd, n - 1, over the seeds scored on each set)."""
+    per = entry.get(TEST_SET_KEY)
+    if per is None:
+        return entry
     entry["bleu_by_test_set"] = {n: round(statistics.mean(v for v in vs if v is not None), 2)
                                  if any(v is not None for v in vs) else None for n, vs in per.items()}
     entry["bleu_std_by_test_set"] = {n: round(statistics.stdev(v for v in vs if v is not None), 2)
