@@ -124,7 +124,7 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
     signatures = {r["signature"] for rs in results.values() for r in rs if r["signature"]}
     summary.update(
         title=title or corpus_info(data)["title"],
-        recipe=recipe_record(recipe, data, references, backbones, residual_mode, seeds),
+        recipe=recipe_record(recipe, data, references, order, residual_mode, seeds),
         progress=done_and_missing({k: runs[k] for k in sorted(runs, key=lambda k: (order.index(k[0]), k[1]))},
                                   ("backbone", "seed")),
         sacrebleu_signature=" / ".join(sorted(signatures)) or None,
