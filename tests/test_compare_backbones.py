@@ -50,6 +50,40 @@ def m30k_slice(tmp_path_factory):
     return dest
 
 
+def _copy_data(src, dest):
+    """A data folder copied elsewhere, its prepare.json naming the copy's raw text."""
+    shutil.copytree(src, dest)
+    (dest / "prepare.json").write_text(json.dumps({"raw_dir": str(dest / "work" / "raw")}))
+    return dest
+
+
+def _raw_2017(raw, sizes=(("test_2017_flickr", 16), ("test_2017_mscoco", 12))):
+    """The first lines of the two 2017 test sets (En, De), gzipped as the official files are."""
+    import gzip
+
+    require_shared_data(MULTI30K)
+    os.makedirs(raw, exist_ok=True)
+    for name, n in sizes:
+        for lang in pipeline.LANGS:
+            with gzip.open(MULTI30K / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = f.readlines()[:n]
+            with gzip.open(raw / f"{name}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.writelines(lines)
+    return raw
+
+
+@pytest.fixture(scope="module")
+def m30k_three_sets(m30k_slice, tmp_path_factory):
+    """``m30k_slice`` copied, with the 2017 test sets added (16 and 12 sentences) by
+    ``corpora.add_test_sets``: three test sets, the headline test_2016_flickr first."""
+    from realformer_tools.data import corpora
+
+    root = tmp_path_factory.mktemp("m30k_three")
+    dest = _copy_data(m30k_slice, root / "m30k_slice")  # the same folder name: the same recipe
+    corpora.add_test_sets(str(dest), raw_dir=str(_raw_2017(root / "raw")))
+    return dest
+
+
 def tiny_recipe(**overrides):
     settings = dict(TINY_SIZE, max_update=4, warmup_updates=2, max_tokens=1000, beam=1, log_interval=2)
     settings.update(overrides)
@@ -167,12 +201,31 @@ def test_sweep_marks_nan_run_diverged_without_crashing(m30k_slice, tmp_path):
     assert os.path.getsize(absurd["log"]) == log_size
 
 
-def test_lagging_rule_compares_with_the_same_backbone_at_the_normal_lr():
+def test_lagging_rule_compares_with_the_best_run_of_the_same_seed():
     run = dict(status="finished", best_valid_loss=7.5)
     assert compare.classify(run, reference_loss=6.0, margin=1.0) == "lagging"
     assert compare.classify(run, reference_loss=6.6, margin=1.0) == "ok"
     assert compare.classify(dict(run, status="diverged"), reference_loss=6.6, margin=1.0) == "diverged"
     assert compare.classify(dict(run, best_valid_loss=None), reference_loss=6.6, margin=1.0) == "diverged"
+
+
+def test_sweep_outcomes_follow_the_rule_of_every_study():
+    """The lr sweep's reference is the lowest best valid loss of its finished runs of the same
+    seed (every backbone and lr), as in the depth test and the grids: Post-LN at 1e-2 is lagging
+    at 7.9 because RealFormer reached 6.5 at 3e-3, though Post-LN's own 1e-3 run had 7.0; a
+    diverged run (NaN) is no reference."""
+    from realformer_tools.experiments.translation import lr_sweep
+
+    def run(seed, loss, status="finished"):
+        return {"seed": seed, "status": status, "best_valid_loss": loss, "outcome": None}
+
+    table = {"postln": {"0.001": [run(1, 7.0), run(2, 7.2)], "0.01": [run(1, 7.9), run(2, 7.9)]},
+             "realformer": {"0.001": [run(1, 6.9), run(2, 7.1)], "0.003": [run(1, 6.5), run(2, None, "diverged")]}}
+    assert lr_sweep.classify_sweep(table, margin=1.0) == {1: 6.5, 2: 7.1}
+    assert [e["outcome"] for e in table["postln"]["0.01"]] == ["lagging", "ok"]
+    assert [e["outcome"] for e in table["postln"]["0.001"]] == ["ok", "ok"]
+    assert [e["outcome"] for e in table["realformer"]["0.003"]] == ["ok", "diverged"]
+    assert "every lr and backbone" in lr_sweep.sweep_reference(1e-3)
 
 
 # --------------------------------------------------------------------------------------
@@ -330,3 +383,87 @@ def test_train_time_of_a_killed_attempt_ends_at_its_last_logged_line(tmp_path):
     os.utime(log, (t0 + 5010, t0 + 5010))
     attempts[-1]["end"] = None
     assert fairseq_runs._attempt_seconds(attempts, str(log)) == pytest.approx(39.8 + 4.6 + 1309.4)
+
+
+# --------------------------------------------------------------------------------------
+# Three test sets: every finished run scored on each (decoding only for a run scored before)
+# --------------------------------------------------------------------------------------
+
+def _hyps(path):
+    hyps = fairseq_runs.parse_generate_output(fairseq_runs.read_log(str(path)))
+    return [hyps[i] for i in range(len(hyps))]
+
+
+def test_data_folder_names_its_test_sets(m30k_slice, m30k_three_sets):
+    require_shared_data(MULTI30K)
+    assert [(t["split"], t["name"]) for t in compare.corpus_info(str(m30k_slice))["test_sets"]] == [
+        ("test", "test_2016_flickr")]
+    sets = compare.corpus_info(str(m30k_three_sets))["test_sets"]
+    assert [(t["split"], t["name"]) for t in sets] == [
+        ("test", "test_2016_flickr"), ("test1", "test_2017_flickr"), ("test2", "test_2017_mscoco")]
+    assert [len(pipeline.read_lines(t["references"])) for t in sets] == [20, 16, 12]
+    assert pipeline.read_lines(sets[2]["references"])[0] == pipeline.read_parallel(
+        str(MULTI30K / "test_2017_mscoco.en.gz"), str(MULTI30K / "test_2017_mscoco.de.gz"))[0][0][1]
+
+
+@pytest.mark.slow
+def test_every_test_set_is_scored_and_a_run_scored_before_is_decoded_only(m30k_slice, tmp_path):
+    """A run trained on a folder with one test set is scored on the two added later by the same
+    command again (decoding its checkpoint_best.pt; nothing trains), with --report-only too; a run
+    trained after they were added is scored on all three at once. Each score is sacreBLEU of that
+    set's hypotheses, in corpus order, against its raw references."""
+    from realformer_tools.data import corpora
+
+    data = _copy_data(m30k_slice, tmp_path / "m30k_slice")
+    out, results = tmp_path / "runs", tmp_path / "results" / "m30k.json"
+    compare.compare(str(data), str(out), tiny_recipe(), backbones=("postln", "preln"), results_path=str(results),
+                    threads=1, log=_quiet)
+    first = json.loads(results.read_text())
+    assert "test_sets" not in first and "bleu_per_seed_by_test_set" not in first["preln"]
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.pt")}
+    corpora.add_test_sets(str(data), raw_dir=str(_raw_2017(tmp_path / "raw")))
+
+    messages = []
+    summary = compare.compare(str(data), str(out), tiny_recipe(), backbones=("postln", "preln"),
+                              results_path=str(results), threads=1, log=messages.append, report_only=True)
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps and not any("updates" in m and "ETA" in m
+                                                                           for m in messages)
+    assert any("decoding 2 finished runs on the test sets they lack" in m for m in messages)
+    sets = compare.corpus_info(str(data))["test_sets"]
+    for b in ("postln", "preln"):
+        run_dir = out / b / "seed1"
+        record = json.loads((run_dir / "result.json").read_text())
+        assert list(record["bleu_by_test_set"]) == [t["name"] for t in sets]
+        assert record["bleu_by_test_set"]["test_2016_flickr"] == record["bleu"] == first[b]["bleu"]
+        for t in sets[1:]:
+            hyps = _hyps(run_dir / f"generate_{t['name']}.txt")
+            refs = pipeline.read_lines(t["references"])
+            assert len(hyps) == len(refs) in (16, 12)
+            assert record["bleu_by_test_set"][t["name"]] == pytest.approx(
+                sacrebleu.corpus_bleu(hyps, [refs]).score, abs=0.006)
+            assert record["test_set_scores"][t["name"]]["split"] == t["split"]
+            assert (results.parent / "m30k_hyps" / f"{b}_seed1.{t['name']}.txt").read_text().splitlines() == hyps
+        entry = summary[b]
+        assert entry["bleu_per_seed_by_test_set"] == {n: [v] for n, v in record["bleu_by_test_set"].items()}
+        assert entry["bleu"] == first[b]["bleu"]  # the headline keeps its meaning
+    diff = summary["preln"]["seed_paired_vs_postln_by_test_set"]
+    assert list(diff) == [t["name"] for t in sets]
+    for name, record in diff.items():
+        assert record["per_seed"] == [pytest.approx(summary["preln"]["bleu_by_test_set"][name]
+                                                    - summary["postln"]["bleu_by_test_set"][name], abs=1e-9)]
+    over = summary["preln"]["seed_paired_vs_postln_over_test_sets"]
+    assert over["per_seed"] == [pytest.approx(sum(r["per_seed"][0] for r in diff.values()) / 3, abs=1e-9)]
+    md = results.with_suffix(".md").read_text()
+    assert "**Every test set**" in md and "ΔBLEU `test_2017_mscoco`" in md and "mean of the test sets" in md
+    assert [t["name"] for t in json.loads(results.read_text())["test_sets"]] == [t["name"] for t in sets]
+
+    # asked again: nothing decoded again; a run trained now is scored on all three at once
+    outputs = {p: p.stat().st_mtime_ns for p in out.rglob("generate*.txt")}
+    messages.clear()
+    again = compare.compare(str(data), str(out), tiny_recipe(), backbones=("postln", "preln", "realformer"),
+                            results_path=str(results), threads=1, log=messages.append)
+    assert {p: p.stat().st_mtime_ns for p in outputs} == outputs
+    assert sum("already done" in m for m in messages) == 2
+    fresh = json.loads((out / "realformer" / "seed1" / "result.json").read_text())
+    assert list(fresh["bleu_by_test_set"]) == [t["name"] for t in sets]
+    assert again["realformer"]["seed_paired_vs_postln_over_test_sets"]["seeds"] == [1]

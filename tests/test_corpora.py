@@ -1,6 +1,7 @@
 """Corpus building and preparation: synthetic grammar, Multi30k loader, prepare pipeline."""
 
 import gzip
+import json
 import math
 import os
 import subprocess
@@ -340,3 +341,91 @@ def test_a_raw_dir_that_is_missing_names_both_ways_to_get_the_corpus(tmp_path, c
     with pytest.raises(pipeline.DataError, match="give --download .* or --raw-dir a folder holding them: "
                                                  r"train\.fr, train\.en, val\.fr"):
         multi30k.check_multi30k_source(str(tmp_path / "empty"), langs=("fr", "en"))
+
+
+# --------------------------------------------------------------------------------------
+# Multi30k's three test sets: test_2016_flickr (split test), test_2017_flickr and
+# test_2017_mscoco (splits test1, test2), with the same dictionaries and SentencePiece model
+# --------------------------------------------------------------------------------------
+
+def _real_slices(raw_dir, with_2017=True):
+    """The first lines of the shared Multi30k files (En, De), gzipped as the official ones are."""
+    require_shared_data(MULTI30K)
+    sizes = {"train": 300, "val": 24, "test_2016_flickr": 20, "test_2017_flickr": 16, "test_2017_mscoco": 12}
+    os.makedirs(raw_dir, exist_ok=True)
+    for name, n in sizes.items():
+        if name.startswith("test_2017") and not with_2017:
+            continue
+        for lang in ("en", "de"):
+            with gzip.open(os.path.join(MULTI30K, f"{name}.{lang}.gz"), "rt", encoding="utf-8") as f:
+                _write_gz(os.path.join(raw_dir, f"{name}.{lang}.gz"), "".join(f.readlines()[:n]))
+
+
+def _digests(folder):
+    import hashlib
+
+    return {os.path.relpath(os.path.join(d, n), folder): hashlib.md5(open(os.path.join(d, n), "rb").read()).hexdigest()
+            for d, _, names in os.walk(folder) for n in names}
+
+
+def test_multi30k_three_test_sets_fresh_or_added_later_give_the_same_binaries(tmp_path):
+    """A fresh prepare binarizes test_2017_flickr / _mscoco as test1 / test2 and leaves the
+    other binaries and the dictionaries as a prepare without them makes them; adding them
+    later to a folder prepared without them rewrites none of its files (prepare.json keeps
+    every key and value it had) and gives byte-identical test1 / test2 binaries."""
+    require_shared_data(MULTI30K)
+    full, old = tmp_path / "raw_full", tmp_path / "raw_2016_only"
+    _real_slices(full)
+    _real_slices(old, with_2017=False)
+    fresh = corpora.prepare("multi30k", str(tmp_path / "fresh"), raw_dir=str(full), vocab_size=120)
+    assert fresh["test_sets"] == {"test": "test_2016_flickr", "test1": "test_2017_flickr", "test2": "test_2017_mscoco"}
+    assert fresh["counts"] == {"train": 300, "valid": 24, "test": 20, "test1": 16, "test2": 12}
+    with gzip.open(os.path.join(MULTI30K, "test_2017_mscoco.de.gz"), "rt", encoding="utf-8") as f:
+        assert _lines(fresh["test_set_files"]["test2"]["tgt"]) == [" ".join(x.split()) for x in f.readlines()[:12]]
+
+    before = corpora.prepare("multi30k", str(tmp_path / "before"), raw_dir=str(old), vocab_size=120)
+    assert before["test_sets"] == {"test": "test_2016_flickr"}
+    a, b = _digests(tmp_path / "fresh"), _digests(tmp_path / "before")
+    shared = [n for n in b if n.endswith((".bin", ".idx")) or n.startswith("dict.")]
+    assert len(shared) == 14 and all(a[n] == b[n] for n in shared)  # the 2017 sets change nothing else
+
+    old_record = json.loads((tmp_path / "before" / "prepare.json").read_text())
+    added = corpora.add_test_sets(str(tmp_path / "before"), raw_dir=str(full))
+    after = _digests(tmp_path / "before")
+    assert {n: after[n] for n in b if n != "prepare.json"} == {n: b[n] for n in b if n != "prepare.json"}
+    new = sorted(set(after) - set(b))
+    assert [n for n in new if not n.startswith("work")] == sorted(
+        f"{s}.en-de.{lang}.{ext}" for s in ("test1", "test2") for lang in ("de", "en") for ext in ("bin", "idx"))
+    assert all(after[n] == a[n] for n in new if not n.startswith("work"))
+    record = json.loads((tmp_path / "before" / "prepare.json").read_text())
+    for key, value in old_record.items():
+        if key in ("counts", "report", "test_sets", "test_set_files"):  # extended, not changed
+            assert {k: record[key][k] for k in value} == value, key
+        else:
+            assert record[key] == value, key
+    assert record["test_sets"] == added["test_sets"] == fresh["test_sets"]
+    # the harness reads the three sets, the headline first
+    from realformer_tools.experiments.translation.recipe import corpus_info
+
+    sets = corpus_info(str(tmp_path / "before"))["test_sets"]
+    assert [(t["split"], t["name"]) for t in sets] == [("test", "test_2016_flickr"), ("test1", "test_2017_flickr"),
+                                                        ("test2", "test_2017_mscoco")]
+    assert _lines(sets[1]["references"]) == _lines(fresh["test_set_files"]["test1"]["tgt"])
+
+    # again: nothing changes; a different file where a new one would go is refused, nothing moved
+    corpora.add_test_sets(str(tmp_path / "before"), raw_dir=str(full))
+    assert _digests(tmp_path / "before") == after
+    os.remove(tmp_path / "before" / "test2.en-de.de.bin")
+    _write(tmp_path / "before" / "test2.en-de.de.bin", b"not this")
+    with pytest.raises(pipeline.DataError, match=r"test2\.en-de\.de\.bin exists and differs"):
+        corpora.add_test_sets(str(tmp_path / "before"), raw_dir=str(full))
+    assert (tmp_path / "before" / "test2.en-de.de.bin").read_bytes() == b"not this"
+    assert not [n for n in os.listdir(tmp_path / "before") if n.startswith(".add_test_sets")]
+
+
+def test_add_test_sets_cli_refuses_what_it_cannot_add(tmp_path):
+    proc = _run_script("--add-test-sets", "--dest", str(tmp_path / "syn"))
+    assert proc.returncode == 2 and "--add-test-sets only applies to --corpus multi30k" in proc.stderr
+    proc = _run_script("--corpus", "multi30k", "--add-test-sets", "--dest", str(tmp_path / "none"))
+    assert proc.returncode == 2 and "has no prepare.json: prepare it first" in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "none").exists()

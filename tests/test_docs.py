@@ -638,7 +638,10 @@ def test_readme_explains_the_two_realformer_figures():
     assert two == three[:2]  # the ablation's "all three" row reuses the main table's runs
     text = " ".join(section("README.md", "Results").split())
     caption = next(line for line in text.split("|") if "**Path ablation**" in line)
-    assert f"{mean_sd(two)} here and {mean_sd(three)} over seeds 1-{seeds[-1]} above" in caption
+    # two seeds: their mean and both values, never an sd of two (docs/results.md's rule)
+    both = f"{sum(two) / 2:.2f} here ({two[0]:.2f} and {two[1]:.2f}; two seeds give no sd)"
+    assert f"{both} and {mean_sd(three)} over seeds 1-{seeds[-1]} above" in caption
+    assert mean_sd(two) not in caption
     assert "first two seeds" in caption and "the same runs" in caption
     docs = " ".join(section("docs/results.md", "Which path matters (path ablation), seeds 1-2").split())
     assert "the `all` and Post-LN rows are the main comparison's runs" in docs

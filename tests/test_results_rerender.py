@@ -136,6 +136,44 @@ def test_seed_paired_differences_recomputed_from_the_per_seed_values(path):
     assert checked >= 2
 
 
+@pytest.mark.parametrize("path", [p for p in STUDY_JSONS if rerender.kind(json.loads(p.read_text())) == "comparison"],
+                         ids=lambda p: p.stem)
+def test_valid_loss_and_test_set_differences_recomputed(path):
+    """A comparison's seed-paired best-valid-loss differences (3 decimals) and, where its runs
+    were scored on several test sets, the per-set and over-the-sets differences, recomputed
+    here from the per-seed values."""
+    s = json.loads(path.read_text())
+    entries = {b: s[b] for b in compare.MAIN_ORDER if b in s}
+    checked = 0
+    for b, e in entries.items():
+        for ref in ("postln", "preln"):
+            if ref not in entries or ref == b:
+                continue
+            r = entries[ref]
+            record = e[f"seed_paired_valid_loss_vs_{ref}"]
+            diffs = _expected(e["valid_loss_per_seed"], r["valid_loss_per_seed"], e["seeds"], r["seeds"])
+            assert record["per_seed"] == pytest.approx(diffs, abs=1e-9)
+            assert record["mean"] == pytest.approx(statistics.mean(diffs), abs=0.0005 + 1e-9)
+            if len(diffs) >= 3:
+                half = T_975[len(diffs) - 1] * statistics.stdev(diffs) / math.sqrt(len(diffs))
+                assert record["ci95"] == pytest.approx([statistics.mean(diffs) - half, statistics.mean(diffs) + half],
+                                                       abs=0.0011)
+            checked += 1
+            by_set = e.get(f"seed_paired_vs_{ref}_by_test_set")
+            if by_set is None:
+                assert "bleu_per_seed_by_test_set" not in e
+                continue
+            for name, rec in by_set.items():
+                _check(rec, e["bleu_per_seed_by_test_set"][name], r["bleu_per_seed_by_test_set"][name], e["seeds"],
+                       r["seeds"])
+            over = e.get(f"seed_paired_vs_{ref}_over_test_sets")
+            if over:
+                means = [statistics.mean(by_set[n]["per_seed"][by_set[n]["seeds"].index(seed)] for n in by_set)
+                         for seed in over["seeds"]]
+                assert over["per_seed"] == pytest.approx(means, abs=1e-9)
+    assert checked >= 6
+
+
 def _outcomes(obj):
     if isinstance(obj, dict):
         for k, v in obj.items():
@@ -154,6 +192,39 @@ def _outcomes(obj):
 def test_every_outcome_is_one_of_the_three_words(path):
     outcomes = list(_outcomes(json.loads(path.read_text())))
     assert outcomes and set(outcomes) <= set(stats.OUTCOMES)
+
+
+def test_one_lagging_rule_in_every_study_with_outcomes():
+    """``lagging`` means one thing in every committed study: more than the margin above the lowest
+    best valid loss of the study's finished runs of the same seed (every backbone, lr and depth),
+    whose values the JSON lists; recomputed here from the runs' own losses."""
+    checked = 0
+    for path in STUDY_JSONS:
+        s = json.loads(path.read_text())
+        k = rerender.kind(s)
+        if k not in ("lr_sweep", "depth", "stability"):
+            continue
+        assert "lowest best valid loss" in s["reference"] and s["reference"].endswith("of the same seed")
+        assert s["reference"] in (s.get("rule") or s.get("divergence_rule"))
+        if k == "lr_sweep":
+            runs = [(e["seed"], e["status"], e["best_valid_loss"], e["outcome"])
+                    for by_lr in s["runs"].values() for es in by_lr.values() for e in es]
+        else:
+            rows = s["depths"].values() if k == "depth" else s["grid"].values()
+            runs = [(seed, st, loss, outcome) for row in rows for e in row.values() if e
+                    for seed, st, loss, outcome in zip(e["seeds"], e["fairseq_status_per_seed"],
+                                                        e["valid_loss_per_seed"], e["status_per_seed"])]
+        best = {}
+        for seed, status, loss, _ in runs:
+            if status == "finished" and loss is not None:
+                best[seed] = min(best.get(seed, loss), loss)
+        assert {int(k): v for k, v in s["reference_loss_per_seed"].items()} == best
+        for seed, status, loss, outcome in runs:
+            expected = ("diverged" if status != "finished" or loss is None
+                        else "lagging" if loss > best[seed] + s["margin"] else "ok")
+            assert outcome == expected, (path.name, seed, loss)
+            checked += 1
+    assert checked >= 9 + 20 + 30 + 48
 
 
 def test_main_table_quotes_the_seed_paired_difference():
@@ -321,27 +392,42 @@ def _committed_record(row, backbone, key):
         return (next(r for lr, r in s["grid"].items() if float(lr) == row["lr"]).get(backbone) or {}).get(key)
     if row["kind"] == "lr_sweep":
         return next((r for lr, r in s.get(key, {}).get(backbone, {}).items() if float(lr) == row["lr"]), None)
+    if row["kind"] == "ablation":
+        from realformer_tools.experiments.translation.summary import PATHS
+
+        path = {v: k for k, v in PATHS.items()}[row["variant"]]
+        return s[path].get(key) if backbone == "realformer" else None
+    if row.get("variant"):  # a comparison's further test set, or the mean over its sets
+        entry = s.get(backbone) or {}
+        if row["variant"] == "mean of the test sets":
+            return entry.get(f"{key}_over_test_sets")
+        return (entry.get(f"{key}_by_test_set") or {}).get(row["variant"][len("on "):])
     return (s.get(backbone) or {}).get(key)
 
 
 def test_summary_rows_are_the_committed_seed_paired_records():
+    """Every row's cells are the committed records; rows holding the same runs are one row (the
+    same seeds: ``a = b``; a row's seeds part of another's: ``bigger ⊃ smaller (seeds ...)``);
+    the blocks come in order, the deep block by depth then learning rate (the 12+12 rows
+    together), and the path ablation has its rows."""
     from realformer_tools.experiments.translation import summary
 
     rows = summary.summary_rows(str(RESULTS))
     labels = [summary.row_label(r) for r in rows]
-    assert labels[:2] == ["comparison: En→De, 3+3, lr 1e-3, 1800 upd.", "comparison: En→Fr, 3+3, lr 1e-3, 1800 upd."]
-    # a stability grid's lr 1e-3 column that holds exactly the depth test's runs is one row with both
-    # names (12+12); at 6+6 the grid added seed 3 to the depth test's seeds 1-2: two rows
+    blocks = [r["block"] for r in rows]
+    assert blocks == sorted(blocks, key=[b for b, _ in summary.BLOCKS].index)
+    assert labels[0] == ("comparison ⊃ path ablation (all three paths, seeds 1-2): En→De, 3+3, lr 1e-3, 1800 upd.")
+    assert "comparison: En→Fr, 3+3, lr 1e-3, 1800 upd." in labels
+    assert [lab for lab in labels if lab.startswith("path ablation")] == [
+        f"path ablation ({p} path only): En→De, 3+3, lr 1e-3, 1800 upd." for p in ("encoder", "decoder", "cross")]
+    # the 6+6 lr 1e-3 runs: once, the grid's three seeds holding the depth test's two
+    six = [lab for lab in labels if ", 6+6, lr 1e-3," in lab]
+    assert six == ["stability limit ⊃ depth stress (seeds 1-2): En→De, 6+6, lr 1e-3, 1200 upd."]
     assert "depth stress = stability limit: En→De, 12+12, lr 1e-3, 1200 upd." in labels
-    six = {label: row for label, row in zip(labels, rows) if ", 6+6, lr 1e-3," in label}
-    assert sorted(six) == ["depth stress: En→De, 6+6, lr 1e-3, 1200 upd.",
-                           "stability limit: En→De, 6+6, lr 1e-3, 1200 upd."]
-    depth, grid = (six[k]["cells"][0]["per_seed"] for k in sorted(six))
-    assert len(grid) == 3 and grid[:2] == depth
-    assert "stability limit: En→De, 6+6, lr 4e-3, 1200 upd." in labels
-    assert "stability limit: En→De, 12+12, lr 2.5e-4, 1200 upd." in labels
+    deep = [(r["depth"], r["lr"]) for r in rows if r["block"] == "deep"]
+    assert deep == sorted(deep) and [d for d, _ in deep] == [6] * 4 + [12] * 3
+    assert [r["kind"] for r in rows if r["block"] == "sweep"] == ["lr_sweep"] * 3
     assert labels[-1] == "masked LM: WikiText-2, 4 layers, lr 1e-3, 600 upd."
-    assert not any("ablation" in label for label in labels)
     for row in rows:
         for (backbone, key, _), cell in zip(summary.COMPARISONS, row["cells"]):
             record = _committed_record(row, backbone, key)
@@ -352,9 +438,50 @@ def test_summary_rows_are_the_committed_seed_paired_records():
             assert cell.get("ci95") == record.get("ci95")
     de = rows[0]["cells"]
     rec = json.loads((RESULTS / "multi30k_en_de.json").read_text())["realformer_preln"]["seed_paired_vs_preln"]
-    assert summary.cell_text(de[1]) == f"{rec['mean']:+.2f} [{rec['ci95'][0]:+.2f}, {rec['ci95'][1]:+.2f}]"
+    n = len(rec["per_seed"])
+    assert summary.cell_text(de[1]) == f"{rec['mean']:+.2f} [{rec['ci95'][0]:+.2f}, {rec['ci95'][1]:+.2f}], n={n}"
     lagging = next(r for r in rows if r["depth"] == 12 and r["lr"] == 2.5e-4)["cells"][0]
     assert summary.cell_text(lagging) == "-0.31, -0.56  (both lagging)"
+
+
+def test_summary_axes_fit_the_data_and_numbers_stay_in_their_column():
+    """Each block's panel is fitted to its own data: every seed's value and mean inside, the 3+3
+    rows (the headline) on an axis a few BLEU wide, not stretched by the deep rows; an interval
+    far wider than the rest of its panel (6+6 at 4e-3) runs past the axis, its ends printed; a
+    one-row panel (the masked LM) keeps its whole interval; every printed number ends before
+    the next panel."""
+    from realformer_tools.experiments.translation import summary
+    from realformer_tools.experiments.translation.figures import pyplot
+
+    rows = summary.summary_rows(str(RESULTS))
+    for block, _ in summary.BLOCKS:
+        for col in range(2):
+            cells = [r["cells"][col] for r in rows if r["block"] == block and r["cells"][col]]
+            if not cells:
+                continue
+            low, high = summary._limits(cells)
+            assert all(low < v < high for c in cells for v in [*c["per_seed"], c["mean"]])
+            if block == "main":
+                assert high - low < 4.0
+            if block == "mlm":
+                assert low < cells[0]["ci95"][0] and cells[0]["ci95"][1] < high
+    wide = next(r for r in rows if r["depth"] == 6 and r["lr"] == 4e-3)["cells"][0]
+    low, high = summary._limits([r["cells"][0] for r in rows if r["block"] == "deep"])
+    assert wide["ci95"][0] < low and high < wide["ci95"][1] and high < 15
+    assert "[-13.36, +19.05]" in summary.cell_text(wide)
+
+    fig = summary.draw_summary(rows)
+    renderer = fig.canvas.get_renderer()
+    columns = fig.text_columns
+    assert sum(len(texts) for _, _, texts in columns) == sum(c is not None for r in rows for c in r["cells"])
+    right_edges = sorted({ax.get_window_extent(renderer).x0 for ax, _, _ in columns})
+    for _, text_ax, texts in columns:
+        start = text_ax.get_window_extent(renderer).x0
+        limit = next((x for x in right_edges if x > start), fig.bbox.x1)
+        for text in texts:
+            extent = text.get_window_extent(renderer)
+            assert start <= extent.x0 and extent.x1 < limit, text.get_text()
+    pyplot().close(fig)
 
 
 def test_rerender_draws_the_summary_with_a_study_added_later(tmp_path):
@@ -378,9 +505,39 @@ def test_rerender_draws_the_summary_with_a_study_added_later(tmp_path):
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20000
     rows = [r for r in summary.summary_rows(str(tmp_path)) if r["name"] == "lr_limit_depth6"]
     assert [summary.row_label(r) for r in rows] == [
-        f"stability limit: En→De, 6+6, lr {lr}, 1200 upd." for lr in ("1e-3", "5e-4", "2.5e-4")]
+        f"stability limit: En→De, 6+6, lr {lr}, 1200 upd." for lr in ("2.5e-4", "5e-4", "1e-3")]
     # three seeds now: the upgrade recomputed the seed-paired records, drawn with their interval
     assert all(len(c["per_seed"]) == 3 and c["ci95"] for r in rows for c in r["cells"])
+
+
+def test_summary_has_a_row_per_test_set_and_their_mean(tmp_path):
+    """A comparison scored on three test sets (the ten-seed layout: Pre-LN and RealFormer on
+    Pre-LN on all three, Post-LN and RealFormer on the headline only) gets a row per further
+    set and one for the mean over the sets, after its headline row; the upgrade computes their
+    records from the per-seed BLEU, as the harness does."""
+    from realformer_tools.experiments.translation import summary
+
+    s = json.loads((RESULTS / "multi30k_en_de.json").read_text())
+    for b, shift in (("preln", 0.0), ("realformer_preln", 0.5)):
+        e = s[b]
+        e["bleu_per_seed_by_test_set"] = {
+            "test_2016_flickr": e["bleu_per_seed"],
+            "test_2017_flickr": [v - 3 + shift * i for i, v in enumerate(e["bleu_per_seed"])],
+            "test_2017_mscoco": [None] + [v - 8 + shift for v in e["bleu_per_seed"][1:]]}
+    (tmp_path / "multi30k_en_de.json").write_text(json.dumps(s))
+    rerender.rerender(str(tmp_path / "multi30k_en_de.json"), plot=False, log=lambda m: None)
+    rows = [r for r in summary.summary_rows(str(tmp_path)) if r["name"] == "multi30k_en_de"]
+    assert [r["variant"] for r in rows] == [None, "on test_2017_flickr", "on test_2017_mscoco", "mean of the test sets"]
+    flickr, coco, mean = (r["cells"][1] for r in rows[1:])
+    headline = [a - b for a, b in zip(s["realformer_preln"]["bleu_per_seed"], s["preln"]["bleu_per_seed"])]
+    assert flickr["per_seed"] == pytest.approx([d + 0.5 * i for i, d in enumerate(headline)], abs=1e-9)
+    assert coco["per_seed"] == pytest.approx([d + 0.5 for d in headline[1:]], abs=1e-9)
+    assert coco["seeds"] == [2, 3, 4, 5] and mean["seeds"] == [2, 3, 4, 5]
+    saved = json.loads((tmp_path / "multi30k_en_de.json").read_text())["realformer_preln"]
+    assert mean["per_seed"] == saved["seed_paired_vs_preln_over_test_sets"]["per_seed"]
+    assert all(r["cells"][0] is None for r in rows[1:])  # Post-LN was scored on the headline only
+    md = (tmp_path / "multi30k_en_de.md").read_text()
+    assert "**Every test set**" in md and "| realformer_preln − preln |" in md
 
 
 def test_a_study_written_beside_summary_png_redraws_it(tmp_path):
@@ -398,26 +555,3 @@ def test_a_study_written_beside_summary_png_redraws_it(tmp_path):
     assert (tmp_path / "summary.png").read_bytes().startswith(b"\x89PNG")
     names = {r["name"] for r in summary.summary_rows(str(tmp_path))}
     assert names == {"multi30k_en_de", "lr_limit_depth6"}
-
-
-def test_summary_labels_end_inside_their_panel():
-    """A label drawn right of a wide interval (e.g. +2.84 [-13.36, +19.05] (both lagging)) must not
-    run into the next panel: the x-limit is widened until the longest label fits."""
-    from realformer_tools.experiments.translation import summary
-    from realformer_tools.experiments.translation.figures import pyplot
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3))
-    cells = [dict(mean=2.84, ci95=[-13.36, 19.05], per_seed=[3.47, 9.03, -3.97], failed=True),
-             dict(mean=0.27, ci95=[-0.31, 0.84], per_seed=[0.0, 0.38, 0.42], failed=False)]
-    labels = [summary._draw_cell(ax, y, cell, "C0") for y, cell in enumerate(cells, 1)]
-    left = -15.0
-    ax.set_xlim(left, 19.05 * 1.1)  # what a fixed margin gave: the first label overflows
-    renderer = fig.canvas.get_renderer()
-    assert labels[0].get_window_extent(renderer).x1 > ax.get_window_extent(renderer).x1
-    ax.set_xlim(left, summary._right_limit(fig, left, labels, default=19.05 * 1.1))
-    box = ax.get_window_extent(renderer)
-    for label in labels:
-        extent = label.get_window_extent(renderer)
-        assert box.x0 < extent.x0 and extent.x1 <= box.x1
-    plt.close(fig)

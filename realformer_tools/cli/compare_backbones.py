@@ -10,6 +10,20 @@
       --backbones postln,preln,realformer,realformer_preln --max-update 1800 --seeds 1,2,3 --jobs 2 \\
       --import-results results/multi30k_en_de.json --results results/multi30k_en_de.json
 
+  # Pre-LN vs RealFormer on Pre-LN over ten seeds and three test sets: add the 2017 test sets to
+  # the prepared data, train the ten seeds (1-5 again, not imported: the reproducibility check) ...
+  python scripts/prepare_data.py --corpus multi30k --raw-dir ../shared/data/multi30k --add-test-sets
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/m30k \\
+      --backbones preln,realformer_preln --max-update 1800 --seeds 6,1,7,8,9,10,2,3,4,5 --jobs 2 \\
+      --results runs/compare/m30k/ten_seeds.json
+  # ... and report them beside the committed file (nothing trains; finished runs are decoded on the
+  # test sets they lack; the file's runs fill the seeds not finished here, in memory; its Post-LN and
+  # RealFormer, seeds 1-5, are reported as it has them; a seed it holds that was trained here again
+  # is checked against it):
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/m30k \\
+      --backbones preln,realformer_preln --max-update 1800 --seeds 1,2,3,4,5,6,7,8,9,10 --jobs 2 \\
+      --report-only --import-results results/multi30k_en_de.json --results results/multi30k_en_de.json
+
   # the same recipe on a second language pair (prepare_data.py --corpus multi30k --src en --tgt fr):
   python scripts/compare_backbones.py --data data-bin/multi30k_en_fr --out runs/compare/m30k_en_fr \\
       --backbones postln,preln,realformer,realformer_preln --max-update 1800 --seeds 1,2,3 --jobs 2 \\
@@ -70,7 +84,10 @@ Each run trains in OUT/<backbone>/seed<k>/ (OUT/lr<lr>/... with --lr-sweep, OUT/
 with --depth-stress): checkpoints, train.log (every attempt appended), generate.txt,
 train.json and result.json. The best checkpoint (by validation loss, or by validation BLEU
 with --select-by-bleu) is decoded on `test` with beam search (--remove-bpe as prepare.json
-names it) and scored by the corpus's BLEU convention (prepare.json's "bleu"): sacreBLEU
+names it), and on every further test split prepare.json names (Multi30k: test_2017_flickr,
+test_2017_mscoco as test1, test2; result.json's bleu_by_test_set, generate_<name>.txt; the
+headline `bleu` stays `test`, test_2016_flickr); a finished run that lacks a set's score is
+decoded on it (only) when asked again. Scored by the corpus's BLEU convention (prepare.json's "bleu"): sacreBLEU
 against the raw references (cased, 13a tokenization), or for IWSLT'14 fairseq's tokenized
 BLEU as the headline with lowercased sacreBLEU of the Moses-detokenized output beside it;
 the signature is stored and the JSON's recipe.scoring says which BLEU is the headline.
@@ -90,15 +107,23 @@ OUT/depth_stress.json, OUT/stability_depth<L>.json or OUT/path_ablation.json) pl
 the repository are written relative to it.
 
 --lr-sweep, --depth-stress and --stability-limit mark each run ok / lagging (finished, but
-its best validation loss is more than --divergence-margin above the reference: the same
-backbone at --normal-lr in the sweep, the best run of the same seed in the depth test and
-in the stability grid) / diverged (fairseq stopped on NaN/inf gradients or a collapsed fp16
+its best validation loss is more than --divergence-margin above the reference, one rule in
+all three: the lowest best valid loss of the study's finished runs of the same seed, every
+backbone, lr and depth; so a run can lag at a rate or depth where its own backbone does
+best, when another backbone does far better there) / diverged (fairseq stopped on NaN/inf gradients or a collapsed fp16
 loss scale). Every backbone gets its BLEU differences to Post-LN (and Pre-LN) seed by seed
 (seed_paired_vs_postln / seed_paired_vs_preln).
 
 --report-only (the main comparison and --stability-limit) trains nothing: it writes the
 results of the runs finished so far, lists the missing ones in the JSON's "progress", and
-marks them "not run"; the same command without it trains the missing runs.
+marks them "not run"; the same command without it trains the missing runs. The main
+comparison still decodes finished runs on the test sets they lack, and with
+--import-results takes the file's runs for the seeds --out has not finished in memory
+(nothing is written into --out).
+
+With several test sets the JSON and table add, per backbone, the BLEU of every set and the
+seed-paired differences per set and over the sets (per seed the mean of the sets'
+differences, then mean ± sd and a 95% t interval over the seeds), and of the best valid loss.
 """
 
 import argparse
@@ -134,7 +159,10 @@ def parse_args(argv=None):
                     help="take the runs that FILE (a committed results JSON of the main comparison or, with "
                          "--depth-stress or --stability-limit, of that study) holds into --out instead of training "
                          "them again; refused unless FILE's recipe is the one asked for. Runs already in --out are "
-                         "kept. fairseq's CPU training is reproducible, so this equals training them here")
+                         "kept. fairseq's CPU training is reproducible, so this equals training them here. Main "
+                         "comparison: FILE's backbones that --backbones leaves out are reported as FILE has them "
+                         "(their own seeds); each run trained in --out that FILE also holds is checked against it "
+                         "(the JSON's reproducibility); with --report-only FILE's runs are read, not written")
     io.add_argument("--title", default=None,
                     help="corpus name used in tables and plots (default: from DATA/prepare.json, "
                          "e.g. 'Multi30k En->De')")
@@ -216,14 +244,16 @@ def parse_args(argv=None):
                        help="peak learning rates of the sweep (default: 1e-3,3e-3,1e-2) or of the stability grid "
                             "(default: 1e-3,5e-4,2.5e-4)")
     sweep.add_argument("--normal-lr", type=float, default=None,
-                       help="the reference learning rate among --lrs (default: the smallest)")
+                       help="the normal learning rate among --lrs, trained first and marked in the table "
+                            "(default: the smallest)")
     sweep.add_argument("--divergence-margin", type=float, default=1.0,
                        help="a finished run is 'lagging' when its best valid loss is more than this above the "
-                            "reference: the same backbone at --normal-lr (--lr-sweep), the best run of the same "
-                            "seed (--depth-stress, --stability-limit) (default: %(default)s)")
+                            "lowest best valid loss of the study's finished runs of the same seed (every backbone, "
+                            "lr and depth of --lr-sweep, --depth-stress or --stability-limit) (default: %(default)s)")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: write the results of the runs finished so far (the main comparison and "
-                        "--stability-limit); missing runs are listed in the JSON's progress and marked 'not run'")
+                        "--stability-limit); missing runs are listed in the JSON's progress and marked 'not run'. "
+                        "The main comparison still decodes finished runs on the test sets they lack")
     args = p.parse_args(argv)
     modes = [flag for flag, on in (("--lr-sweep", args.lr_sweep), ("--depth-stress", args.depth_stress),
                                    ("--stability-limit", args.stability_limit),
@@ -293,12 +323,12 @@ def study(args):
     common = dict(seeds=args.seeds, residual_mode=args.residual_attention_mode,
                   references=args.references, results_path=args.results, machine_note=args.machine_note,
                   threads=args.threads, log=log, title=args.title, jobs=args.jobs)
-    if args.import_results:
+    if args.import_results and (args.depth_stress or args.stability_limit):  # the main comparison imports itself
         from realformer_tools.experiments.translation.imports import import_results
 
         import_results(args.import_results, args.data, args.out, recipe, args.residual_attention_mode,
-                       study="depth" if args.depth_stress else "stability" if args.stability_limit
-                       else "compare", log=log, depth=args.depths[0] if args.stability_limit else None)
+                       study="depth" if args.depth_stress else "stability", log=log,
+                       depth=args.depths[0] if args.stability_limit else None)
     if args.lr_sweep:
         return compare.sweep_markdown(compare.lr_sweep(
             args.data, args.out, recipe, args.lrs, normal_lr=args.normal_lr, margin=args.divergence_margin,
@@ -316,7 +346,7 @@ def study(args):
             args.data, args.out, recipe, bootstrap_samples=args.bootstrap_samples, **common))
     return compare.comparison_markdown(compare.compare(
         args.data, args.out, recipe, backbones=args.backbones, bootstrap_samples=args.bootstrap_samples,
-        report_only=args.report_only, **common))
+        report_only=args.report_only, import_from=args.import_results, **common))
 
 
 if __name__ == "__main__":

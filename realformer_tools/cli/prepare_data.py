@@ -15,6 +15,15 @@ records the languages, the BPE to remove, the BLEU convention, the raw test file
 the target/source length ratio (raw and SentencePiece files go to --dest/work). Generate
 with ``--remove-bpe sentencepiece`` to score detokenized output.
 
+Multi30k's test split is test_2016_flickr; test_2017_flickr and test_2017_mscoco (when the
+raw folder or the download has them) become the fairseq splits test1 and test2, binarized
+with the same dictionaries and SentencePiece model after the others (which they do not
+change); prepare.json names them ("test_sets", "test_set_files"), and compare_backbones.py
+scores every run on each. A folder prepared before gets them without any of its files
+being rewritten (safe while trainings read it):
+
+  python scripts/prepare_data.py --corpus multi30k --raw-dir ../shared/data/multi30k --add-test-sets
+
 --corpus iwslt14 reproduces fairseq's examples/translation/prepare-iwslt14.sh in Python
 (sacremoses for tokenizer.perl and lowercase.perl, clean-corpus-n.perl's rules, subword-nmt
 with --bpe-merges merges learned on both sides): --dest (default
@@ -62,6 +71,10 @@ def parse_args(argv=None):
                    help="SentencePiece model type (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1, help="synthetic: generator seed (default: %(default)s)")
     p.add_argument("--n-train", type=int, default=20000, help="synthetic: training pairs (default: %(default)s)")
+    p.add_argument("--add-test-sets", action="store_true",
+                   help="multi30k: add test_2017_flickr / test_2017_mscoco (splits test1, test2) to the already "
+                        "prepared --dest with its own dictionaries and spm.model; existing files are not "
+                        "rewritten, prepare.json is replaced atomically with the same record plus the new sets")
     p.add_argument("--json", help="also write the summary to this file (it is always printed)")
     args = p.parse_args(argv)
     args.langs_given = args.src is not None or args.tgt is not None
@@ -73,6 +86,12 @@ def parse_args(argv=None):
 
 def check_args(args):
     """One sentence about the first inconsistent flag, or None."""
+    if args.add_test_sets and args.corpus != "multi30k":
+        return "--add-test-sets only applies to --corpus multi30k (its 2017 test sets)"
+    if args.add_test_sets and (args.vocab_size is not None or args.model_type != "bpe"):
+        return "--add-test-sets uses the prepared folder's own SentencePiece model: drop --vocab-size/--model-type"
+    if args.add_test_sets and not os.path.isfile(os.path.join(args.dest, "prepare.json")):
+        return f"--add-test-sets: {args.dest} has no prepare.json: prepare it first (without --add-test-sets)"
     if args.corpus == "synthetic" and (args.raw_dir or args.download):
         return "--raw-dir and --download only apply to --corpus multi30k and iwslt14"
     if args.corpus == "iwslt14" and args.langs_given and (args.src, args.tgt) != ("de", "en"):
@@ -91,7 +110,7 @@ def check_args(args):
         return f"--src and --tgt are both {args.src!r}: give two different languages"
     if args.raw_dir and args.download:
         return "use either --raw-dir or --download, not both"
-    if args.corpus in ("multi30k", "iwslt14") and not (args.raw_dir or args.download):
+    if args.corpus in ("multi30k", "iwslt14") and not (args.raw_dir or args.download or args.add_test_sets):
         return f"--corpus {args.corpus} needs --raw-dir DIR (a local copy) or --download"
     # a --raw-dir that is missing or lacks a file: the corpus module says which files and where to
     # get them (realformer_tools/data/multi30k.py, iwslt14.py), before anything is written
@@ -105,6 +124,9 @@ def main(argv=None):
 
     def prepare():
         from realformer_tools.data import corpora
+
+        if args.add_test_sets:
+            return corpora.add_test_sets(args.dest, raw_dir=args.raw_dir, download=args.download)
 
         sizes = {"n_train": args.n_train} if args.n_train != 20000 else None
         return corpora.prepare(args.corpus, args.dest, raw_dir=args.raw_dir, download=args.download,

@@ -3,12 +3,15 @@ text (``synthetic_en_de``, ``multi30k``) and runs the shared ``pipeline`` on it,
 fairseq binaries, ``spm.model`` and ``prepare.json`` in ``dest_dir``; ``iwslt14`` runs its
 own recipe (fairseq's ``prepare-iwslt14.sh``: Moses tokens, subword-nmt BPE, ``code``
 instead of ``spm.model``). ``prepared_settings`` reads back what a finished ``prepare``
-recorded (used to detect stale data).
+recorded (used to detect stale data). ``add_test_sets`` adds Multi30k's 2017 test sets
+(fairseq splits ``test1``, ``test2``) to a data folder prepared without them, with its own
+dictionaries and SentencePiece model, touching none of its files.
 """
 
 import json
 import os
 import shutil
+import tempfile
 
 from realformer_nmt.errors import DataError
 
@@ -17,6 +20,7 @@ from .pipeline import (
     LANGS,
     SPLITS,
     binarize,
+    binarize_with_dictionaries,
     count_lines,
     dictionary_size,
     encode_files,
@@ -97,6 +101,13 @@ def prepare(corpus, dest_dir, raw_dir=None, download=False, vocab_size=None, wor
     log(f"[4/4] fairseq-preprocess -> {dest_dir}")
     binarize(spm_dir, dest_dir, src=src, tgt=tgt)
     shutil.copyfile(model, os.path.join(dest_dir, "spm.model"))
+    extra, extra_report = {}, {}
+    if corpus == "multi30k":  # the 2017 test sets, with the dictionaries just built (train/valid/test unchanged)
+        extra, extra_report = multi30k.load_extra_test_sets(text_dir, raw_dir=raw_dir, download=download, langs=langs)
+        if extra:
+            log(f"[4/4] further test sets {', '.join(f'{k} = {v}' for k, v in extra.items())}")
+            encode_files(model, text_dir, spm_dir, splits=tuple(extra), langs=langs)
+            binarize_with_dictionaries(spm_dir, dest_dir, tuple(extra), src, tgt)
     summary = {
         "settings": settings,
         "src": src,
@@ -114,9 +125,106 @@ def prepare(corpus, dest_dir, raw_dir=None, download=False, vocab_size=None, wor
         "spm_dir": os.path.abspath(spm_dir),
         "spm_model": os.path.abspath(os.path.join(dest_dir, "spm.model")),
     }
+    if corpus == "multi30k":
+        record_test_sets(summary, extra, text_dir, extra_report)
     with open(os.path.join(dest_dir, "prepare.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, ensure_ascii=False)
     return summary
+
+
+def record_test_sets(summary, extra, text_dir, report):
+    """Name every test split of a Multi30k data folder in its ``prepare.json`` record:
+    ``test_sets`` (``{"test": "test_2016_flickr", "test1": "test_2017_flickr", ...}``) and
+    ``test_set_files`` (raw source and references of each); the extra splits' line counts
+    and reading reports go beside the others' (``counts``, ``report``). Keys already there
+    keep their values."""
+    src, tgt = summary.get("src", LANGS[0]), summary.get("tgt", LANGS[1])
+    test_files = summary.get("test_files") or {
+        lang_key: os.path.join(text_dir, f"test.{lang}") for lang_key, lang in (("src", src), ("tgt", tgt))}
+    sets = dict(summary.get("test_sets") or {"test": multi30k.MULTI30K_FILES["test"]})
+    files = dict(summary.get("test_set_files") or {"test": {"src": test_files["src"], "tgt": test_files["tgt"]}})
+    for split, name in extra.items():
+        sets[split] = name
+        files[split] = {"src": os.path.abspath(os.path.join(text_dir, f"{split}.{src}")),
+                        "tgt": os.path.abspath(os.path.join(text_dir, f"{split}.{tgt}"))}
+        summary.setdefault("counts", {})[split] = count_lines(files[split]["src"])
+        if split in report:
+            summary.setdefault("report", {})[split] = report[split]
+    summary["test_sets"], summary["test_set_files"] = sets, files
+    return summary
+
+
+def add_test_sets(dest_dir, raw_dir=None, download=False):
+    """Add Multi30k's 2017 test sets to ``dest_dir``, a Multi30k folder ``prepare`` made
+    before it binarized them: raw text (from ``raw_dir``, the folder the data was prepared
+    from, or ``download``), the folder's own ``spm.model`` and dictionaries, binarized in a
+    scratch folder; only the new ``test1`` / ``test2`` files are moved in (``pipeline.
+    binarize_with_dictionaries``: an existing file is never rewritten) and ``prepare.json``
+    is replaced atomically with the same record plus ``test_sets`` / ``test_set_files``.
+    Safe while trainings read the folder. Returns the updated record."""
+    path = os.path.join(dest_dir, "prepare.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        raise DataError(f"--add-test-sets: {path} not found or not JSON: prepare {dest_dir} first") from None
+    settings = summary.get("settings") or {}
+    if settings.get("corpus", "multi30k") != "multi30k" or summary.get("bpe", "sentencepiece") != "sentencepiece":
+        raise DataError(f"--add-test-sets: {dest_dir} holds {settings.get('corpus')!r}; only Multi30k has further "
+                        "test sets")
+    src, tgt = summary.get("src", LANGS[0]), summary.get("tgt", LANGS[1])
+    if raw_dir is None and not download:
+        raw_dir = settings.get("raw_dir")
+        if not raw_dir:
+            raise DataError(f"--add-test-sets: {path} names no raw folder: pass --raw-dir DIR or --download")
+    if raw_dir is not None and not os.path.isdir(raw_dir):
+        raise DataError(f"--raw-dir {raw_dir} is not a directory")
+    model = os.path.join(dest_dir, "spm.model")
+    for needed in (model, os.path.join(dest_dir, f"dict.{src}.txt"), os.path.join(dest_dir, f"dict.{tgt}.txt")):
+        if not os.path.isfile(needed):
+            raise DataError(f"--add-test-sets: {needed} not found: prepare {dest_dir} again")
+    text_dir = summary.get("raw_dir") if os.path.isdir(summary.get("raw_dir") or "") else os.path.join(
+        dest_dir, "work", "raw")
+    spm_dir = summary.get("spm_dir") if os.path.isdir(summary.get("spm_dir") or "") else os.path.join(
+        dest_dir, "work", "spm")
+    scratch = tempfile.mkdtemp(prefix=".add_test_sets_text.", dir=dest_dir)
+    try:
+        extra, report = multi30k.load_extra_test_sets(os.path.join(scratch, "raw"), raw_dir, download, (src, tgt))
+        if not extra:
+            raise DataError(f"--add-test-sets: no 2017 test set ({', '.join(multi30k.EXTRA_TEST_FILES.values())}) "
+                            f"for {src}-{tgt} in {raw_dir or 'the download'}")
+        encode_files(model, os.path.join(scratch, "raw"), os.path.join(scratch, "spm"), splits=tuple(extra),
+                     langs=(src, tgt))
+        staged = [(os.path.join(scratch, "raw", f"{split}.{lang}"), os.path.join(text_dir, f"{split}.{lang}"))
+                  for split in extra for lang in (src, tgt)]
+        staged += [(os.path.join(scratch, "spm", f"{split}.spm.{lang}"), os.path.join(spm_dir, f"{split}.spm.{lang}"))
+                   for split in extra for lang in (src, tgt)]
+        _move_in(staged)
+        log(f"[add-test-sets] fairseq-preprocess {', '.join(f'{k} = {v}' for k, v in extra.items())} -> {dest_dir} "
+            "(the folder's own dictionaries)")
+        binarize_with_dictionaries(spm_dir, dest_dir, tuple(extra), src, tgt)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    record_test_sets(summary, extra, text_dir, report)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2, ensure_ascii=False)
+    os.replace(tmp, path)
+    return summary
+
+
+def _move_in(staged):
+    """Move each ``(new, final)`` file in place; a final file already there must have the same
+    bytes (then it stays), else nothing moves."""
+    import filecmp
+
+    for new, final in staged:
+        if os.path.exists(final) and not filecmp.cmp(new, final, shallow=False):
+            raise DataError(f"{final} exists and differs from the text prepared now: it is not replaced")
+    for new, final in staged:
+        if not os.path.exists(final):
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            shutil.move(new, final)
 
 
 def prepared_settings(dest_dir):

@@ -1,7 +1,8 @@
 """Multi30k task 1 (image descriptions in English, German and French; any two of them in
-either direction): train / val / test_2016_flickr,
-from a local copy (plain or ``.gz``, e.g. ``../shared/data/multi30k``) or from the
-official GitHub repository (``--download``)."""
+either direction): train / val / test_2016_flickr, and the two 2017 test sets
+(test_2017_flickr, test_2017_mscoco: COCO images, out of domain) as the extra fairseq splits
+``test1`` / ``test2``, from a local copy (plain or ``.gz``, e.g. ``../shared/data/multi30k``)
+or from the official GitHub repository (``--download``: ``data/task1/raw/`` holds all five)."""
 
 import os
 import shutil
@@ -14,6 +15,9 @@ from realformer_nmt.errors import DataError
 from .pipeline import LANGS, read_parallel, write_split
 
 MULTI30K_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+# further test sets, binarized with the same dictionaries as fairseq splits test1, test2 (the
+# headline stays ``test``: test_2016_flickr); a local copy without them leaves them out
+EXTRA_TEST_FILES = {"test1": "test_2017_flickr", "test2": "test_2017_mscoco"}
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}.{lang}.gz"
 
 
@@ -24,15 +28,17 @@ def where_to_get_it(langs=LANGS):
             f"a folder holding them: {files} (plain or .gz)")
 
 
-def _find_raw_file(raw_dir, name, lang, langs=LANGS):
+def _find_raw_file(raw_dir, name, lang, langs=LANGS, required=True):
     for candidate in (f"{name}.{lang}", f"{name}.{lang}.gz"):
         path = os.path.join(raw_dir, candidate)
         if os.path.isfile(path):
             return path
+    if not required:
+        return None
     raise DataError(f"--raw-dir {raw_dir} has no {name}.{lang}[.gz]: {where_to_get_it(langs)}")
 
 
-def _download(name, lang, dest_dir):
+def _download(name, lang, dest_dir, required=True):
     url = MULTI30K_URL.format(name=name, lang=lang)
     path = os.path.join(dest_dir, f"{name}.{lang}.gz")
     print(f"downloading {url}", file=sys.stderr)
@@ -40,6 +46,9 @@ def _download(name, lang, dest_dir):
         with urllib.request.urlopen(url, timeout=60) as response, open(path + ".part", "wb") as f:
             shutil.copyfileobj(response, f)
     except (urllib.error.URLError, OSError) as exc:
+        if not required:
+            print(f"warning: could not download {url}: {exc}; that test set is left out", file=sys.stderr)
+            return None
         raise DataError(f"could not download {url}: {exc} (use --raw-dir with a local copy)") from exc
     os.replace(path + ".part", path)
     return path
@@ -91,3 +100,25 @@ def load_multi30k(out_dir, raw_dir=None, download=False, langs=LANGS):
             print(f"warning: {split}: dropped {report[split]['dropped_empty']} pairs with an empty side",
                   file=sys.stderr)
     return report
+
+
+def load_extra_test_sets(out_dir, raw_dir=None, download=False, langs=LANGS):
+    """Write the 2017 test sets found in ``raw_dir`` (or downloaded) as ``test1.<lang>``,
+    ``test2.<lang>`` (``EXTRA_TEST_FILES``) in ``out_dir``; returns ``({split: name}, report)``
+    for those written. A set missing on either side is left out with a note on stderr."""
+    check_langs(langs)
+    os.makedirs(out_dir, exist_ok=True)
+    written, report = {}, {}
+    for split, name in EXTRA_TEST_FILES.items():
+        if raw_dir is not None:
+            paths = [_find_raw_file(raw_dir, name, lang, required=False) for lang in langs]
+        else:
+            paths = [_download(name, lang, out_dir, required=False) for lang in langs]
+        if None in paths:
+            print(f"note: {name}.{{{','.join(langs)}}} not found in {raw_dir or 'the download'}: that test set "
+                  "is left out", file=sys.stderr)
+            continue
+        pairs, report[split] = read_parallel(*paths)
+        write_split(out_dir, split, pairs, langs)
+        written[split] = name
+    return written, report

@@ -122,6 +122,47 @@ def binarize(spm_dir, dest_dir, src="en", tgt="de", joined_dictionary=True, work
     return dest_dir
 
 
+def binarize_with_dictionaries(spm_dir, dest_dir, splits, src="en", tgt="de"):
+    """Binarize ``{split}.spm.{src,tgt}`` for each of ``splits`` (e.g. ``test1``) with the
+    dictionaries already in ``dest_dir`` (``--srcdict`` / ``--tgtdict``): each split goes
+    through fairseq-preprocess in a scratch folder inside ``dest_dir``, and only its four
+    ``<split>.<src>-<tgt>.<lang>.{bin,idx}`` files are moved in. Nothing in ``dest_dir`` is
+    rewritten: a file that is already there must be byte-identical to the new one (then it
+    is left alone), anything else is refused before any file moves. Returns the files
+    moved in."""
+    import filecmp
+    import shutil
+    import tempfile
+
+    pair = f"{src}-{tgt}"
+    staged = []  # (scratch file, final path)
+    scratch = tempfile.mkdtemp(prefix=".add_test_sets.", dir=dest_dir)
+    try:
+        for split in splits:
+            out = os.path.join(scratch, split)
+            _run_preprocess([sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", src,
+                             "--target-lang", tgt, "--destdir", out, "--workers", "1",
+                             "--srcdict", os.path.join(dest_dir, f"dict.{src}.txt"),
+                             "--tgtdict", os.path.join(dest_dir, f"dict.{tgt}.txt"),
+                             "--testpref", os.path.join(spm_dir, f"{split}.spm")])
+            for lang in (src, tgt):
+                for ext in ("bin", "idx"):
+                    staged.append((os.path.join(out, f"test.{pair}.{lang}.{ext}"),
+                                   os.path.join(dest_dir, f"{split}.{pair}.{lang}.{ext}")))
+        for new, final in staged:
+            if os.path.exists(final) and not filecmp.cmp(new, final, shallow=False):
+                raise DataError(f"{final} exists and differs from the split binarized now: it is not replaced "
+                                "(move it away to add this test set again)")
+        moved = []
+        for new, final in staged:
+            if not os.path.exists(final):
+                os.replace(new, final)
+                moved.append(final)
+        return moved
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def fairseq_preprocess(*args):
     """Run ``fairseq-preprocess`` (same interpreter) with ``args``; DataError on failure."""
     _run_preprocess([sys.executable, "-m", "fairseq_cli.preprocess", *map(str, args)])

@@ -5,6 +5,7 @@ Pre-LN) on the same sentences (sacreBLEU's paired bootstrap, per seed); writes
 ``<name>.json``, ``<name>.md``, ``<name>.png`` and ``<name>_hyps/``."""
 
 import os
+import statistics
 
 from realformer_nmt.errors import ConfigError
 
@@ -14,6 +15,7 @@ from .recipe import BACKBONES, MAIN_ORDER, corpus_info, test_references
 from .report import (
     SEED_PAIRED_NOTE,
     bleu_cell,
+    excludes_zero,
     fmt,
     paired_cell,
     recipe_lines,
@@ -33,12 +35,19 @@ from .runs import (
     save_hypotheses,
     train_all,
 )
-from .stats import PAIRED_TEST_NOTE, add_seed_paired, paired_vs, summarize_backbone
+from .stats import (
+    PAIRED_TEST_NOTE,
+    add_seed_paired,
+    add_test_set_paired,
+    paired_vs,
+    summarize_backbone,
+    test_set_entries,
+)
 
 
 def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="sum", references=None,
             results_path=None, machine_note="", threads=None, log=print, title=None, jobs=1,
-            bootstrap_samples=1000, report_only=False):
+            bootstrap_samples=1000, report_only=False, import_from=None):
     """Train, decode and score every backbone for every seed; write JSON, MD and PNG.
 
     ``results_path`` is the path of the JSON file (default ``out/comparison.json``); the
@@ -48,19 +57,60 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
     seed) and ``seed_paired_vs_postln`` (the BLEU differences seed by seed); with ``preln``,
     ``seed_paired_vs_preln`` (and ``paired_vs_preln`` for ``realformer_preln``).
     ``report_only`` trains nothing and reports the runs finished so far (``runs`` in the
-    JSON lists the done and the missing ones). Returns the summary dict.
+    JSON lists the done and the missing ones); it still decodes finished runs on the test
+    sets they lack.
+
+    Every finished run is scored on every test set of ``data`` (``corpus_info``'s
+    ``test_sets``: Multi30k's test_2016_flickr, the headline ``bleu``, and test_2017_flickr,
+    test_2017_mscoco where prepared); a run scored before a set was added is decoded on it
+    when asked again (``runs.score_test_sets``). Entries then carry ``bleu_by_test_set`` and
+    the seed-paired differences per set and over the sets (``stats.add_test_set_paired``).
+
+    ``import_from`` (a committed results file of this recipe, ``--import-results``): its
+    runs that ``out`` has not finished count as finished (written into ``out`` first, or
+    with ``report_only`` read in memory, nothing written); its backbones that ``backbones``
+    leaves out are reported as the file has them (their own seeds, not trained); and each
+    run trained in ``out`` that the file also holds is checked against it
+    (``reproducibility``: equal BLEU, best valid loss and validation curve or not). Returns
+    the summary dict.
     """
+    from . import imports
+
     check_backbones(backbones)
     references = test_references(data, references)
+    committed, committed_file = {}, {}
+    if import_from:
+        committed_file = fairseq_runs.read_json(import_from) or {}
+        for run_dir, (record, hyps) in imports.run_records(import_from, data, out, recipe, residual_mode).items():
+            committed[(record["backbone"], record["seed"])] = dict(
+                record, run_dir=run_dir, **({"hypotheses": hyps.split("\n")[:-1]} if hyps is not None else {}))
+        if not report_only:
+            imports.import_results(import_from, data, out, recipe, residual_mode, log=log)
     # seeds outermost: an early stop still leaves comparable backbones
     specs = [((b, seed), b, seed, os.path.join(out, b, f"seed{seed}"), None, None)
              for seed in seeds for b in backbones]
     runs = train_all(specs, data, references, recipe, residual_mode, threads, jobs, log, "compare", report_only)
-    results = {b: [runs[(b, seed)] for seed in seeds if runs[(b, seed)] is not None] for b in backbones}
+    trained_here = [k for k, r in runs.items() if r is not None and not r.get("imported_from")]
+    for key, result in runs.items():  # --report-only: the file's runs where --out has none (in memory)
+        if result is None and key in committed:
+            runs[key] = committed[key]
+    carried = [b for b in MAIN_ORDER if b not in backbones and any(k[0] == b for k in committed)]
+    order = list(backbones) + carried
+    for b in carried:  # the file's other backbones, with the file's seeds
+        for key in sorted(k for k in committed if k[0] == b):
+            runs[key] = committed[key]
+    if carried:
+        log(f"[compare] reported as {import_from} has them (not trained): {', '.join(carried)}")
+    results = {b: [runs[k] for k in sorted(runs, key=lambda k: seed_order(k[1], seeds)) if k[0] == b
+                   and runs[k] is not None] for b in order}
     results = {b: rs for b, rs in results.items() if rs}
     if not results:
         raise ConfigError(f"--report-only: no run has finished in {out} yet")
     summary = {b: summarize_backbone(rs, b, residual_mode) for b, rs in results.items()}
+    test_sets = corpus_info(data)["test_sets"]
+    if len(test_sets) > 1:
+        for b, rs in results.items():
+            test_set_entries(summary[b], rs, [t["name"] for t in test_sets])
     refs = read_lines(references)
     for reference in ("postln", "preln"):
         if reference not in results:
@@ -70,22 +120,83 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
                 summary[b][f"paired_vs_{reference}"] = paired_vs(results[reference], results[b], refs,
                                                                  bootstrap_samples)
     add_seed_paired(summary)
+    add_test_set_paired(summary)
     signatures = {r["signature"] for rs in results.values() for r in rs if r["signature"]}
     summary.update(
         title=title or corpus_info(data)["title"],
-        recipe=recipe_record(recipe, data, references, backbones, residual_mode, seeds),
-        progress=done_and_missing({k: runs[k] for k in sorted(runs, key=lambda k: (backbones.index(k[0]), k[1]))},
-                              ("backbone", "seed")),
+        recipe=recipe_record(recipe, data, references, order, residual_mode, seeds),
+        progress=done_and_missing({k: runs[k] for k in sorted(runs, key=lambda k: (order.index(k[0]), k[1]))},
+                                  ("backbone", "seed")),
         sacrebleu_signature=" / ".join(sorted(signatures)) or None,
         paired_test=PAIRED_TEST_NOTE.format(samples=bootstrap_samples),
         machine=machine_description(join_notes(parallel_note(jobs, threads), machine_note)),
         out=os.path.abspath(out),
     )
+    if len(test_sets) > 1:
+        summary["test_sets"] = [{"split": t["split"], "name": t["name"]} for t in test_sets]
+    if import_from:
+        summary["reproducibility"] = reproducibility(
+            [runs[k] for k in sorted(trained_here, key=lambda k: (order.index(k[0]), seed_order(k[1], seeds)))],
+            committed, committed_file.get("reproducibility"), import_from)
     results_path = results_path or os.path.join(out, "comparison.json")
     save_hypotheses([r for rs in results.values() for r in rs], os.path.splitext(results_path)[0] + "_hyps")
     write_outputs(summary, results_path, comparison_markdown, plot_comparison)
     log(f"[compare] wrote {results_path} (+ .md, .png, _hyps/)")
     return summary
+
+
+def seed_order(seed, seeds):
+    """Sort key: a seed's place in ``seeds`` (those not asked for after them, by number)."""
+    return (seeds.index(seed), 0) if seed in seeds else (len(seeds), seed)
+
+
+REPRODUCIBILITY_RULE = ("a run trained in this run folder that the imported results file already held (the same "
+                        "backbone, seed and recipe) is compared with the file's record: test BLEU (2 decimals), best "
+                        "valid loss and every validation loss of its curve (as fairseq logs them); a run the file did "
+                        "not hold is recorded as first trained here (committed_in null), and the file's own records "
+                        "are carried forward unchanged")
+
+
+def _same_curve(a, b):
+    def points(run):
+        return [(int(rec["update"]), rec["loss"]) for rec in run.get("curve") or []]
+    return points(a) == points(b)
+
+
+def reproducibility(trained, committed, previous, source):
+    """``{"rule", "runs": [...]}``: each run of ``trained`` (trained in the run folder) that the
+    imported file also holds (``committed``, by backbone and seed) compared with it:
+    ``bleu_equal``, ``valid_loss_equal``, ``curve_equal`` beside both values; one the file does
+    not hold gets ``committed_in: None`` (first trained here). A file run with this run's
+    wall time and curve is this very run, reported before: its record in the file's own
+    ``reproducibility`` (``previous``) is kept, as are the file's records of runs not
+    trained here."""
+    kept = {(r["backbone"], r["seed"]): r for r in (previous or {}).get("runs", [])}
+    records = {}
+    for r in trained:
+        key = (r["backbone"], r["seed"])
+        c = committed.get(key)
+        if c is None:
+            records[key] = {"backbone": key[0], "seed": key[1], "committed_in": None}
+        elif c.get("train_seconds") == r.get("train_seconds") and _same_curve(c, r):
+            if key in kept:  # the file's record is this run's
+                records[key] = kept[key]
+        else:
+            def equal(a, b, digits):
+                return a is not None and b is not None and round(a, digits) == round(b, digits)
+
+            records[key] = {"backbone": key[0], "seed": key[1], "committed_in": source,
+                            "committed_bleu": c.get("bleu"), "rerun_bleu": r.get("bleu"),
+                            "bleu_equal": equal(c.get("bleu"), r.get("bleu"), 2),
+                            "committed_valid_loss": c.get("best_valid_loss"),
+                            "rerun_valid_loss": r.get("best_valid_loss"),
+                            "valid_loss_equal": equal(c.get("best_valid_loss"), r.get("best_valid_loss"), 4),
+                            "curve_equal": _same_curve(c, r)}
+    for key, record in kept.items():
+        records.setdefault(key, record)
+    rank = {b: i for i, b in enumerate(MAIN_ORDER)}
+    return {"rule": REPRODUCIBILITY_RULE,
+            "runs": [records[k] for k in sorted(records, key=lambda k: (rank.get(k[0], len(rank)), k[1]))]}
 
 
 def not_run_lines(summary):
@@ -118,6 +229,21 @@ def seed_paired_columns(entries):
             if any(e and e.get(f"seed_paired_vs_{ref}") for e in entries)]
 
 
+NAMES = {"postln": "Post-LN", "preln": "Pre-LN"}
+
+
+def seed_list(seeds):
+    """``1-5``, ``1-3, 6``: a backbone's seeds as the tables list them."""
+    seeds, parts, i = sorted(seeds), [], 0
+    while i < len(seeds):
+        j = i
+        while j + 1 < len(seeds) and seeds[j + 1] == seeds[j] + 1:
+            j += 1
+        parts.append(f"{seeds[i]}" if i == j else f"{seeds[i]}-{seeds[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
 def comparison_markdown(summary):
     backbones = [b for b in MAIN_ORDER if b in summary]
     n_seeds = max(len(summary[b]["seeds"]) for b in backbones)
@@ -126,22 +252,26 @@ def comparison_markdown(summary):
     paired = any(summary[b].get("paired_vs_postln") for b in backbones)
     paired_pre = any(summary[b].get("paired_vs_preln") for b in backbones)
     seed_paired = seed_paired_columns([summary[b] for b in backbones])
+    equal = len({tuple(summary[b]["seeds"]) for b in backbones}) == 1
     lines = [f"# {summary['title']}: Post-LN vs Pre-LN vs RealFormer", ""] + not_run_lines(summary) + [
              f"Test BLEU ({fairseq_runs.BLEU_LABELS[summary['recipe'].get('corpus', {}).get('bleu', 'sacrebleu')]}) "
-             "of the best checkpoint by "
+             + (f"on {summary['test_sets'][0]['name']} " if summary.get("test_sets") else "")
+             + "of the best checkpoint by "
              f"{'validation BLEU' if settings['select_by_bleu'] else 'validation loss'}, beam {settings['beam']}; "
              + seeds_phrase(n_seeds, seeds, equal=len({len(summary[b]["seeds"]) for b in backbones}) == 1), "",
-             "| backbone | test BLEU | BLEU per seed | best valid loss (mean) | valid loss per seed | "
+             "| backbone | " + ("" if equal else "seeds | ") + "test BLEU | BLEU per seed | best valid loss (mean) | "
+             "valid loss per seed | "
              + "".join(f"{header} | " for _, header in seed_paired)
              + ("vs Post-LN per seed: ΔBLEU (paired bootstrap p) | " if paired else "")
              + ("vs Pre-LN per seed: ΔBLEU (paired bootstrap p) | " if paired_pre else "")
              + "updates | train time per seed |",
-             "| --- | --- | --- | --- | --- | " + "--- | " * len(seed_paired) + ("--- | " if paired else "")
-             + ("--- | " if paired_pre else "") + "--- | --- |"]
+             "| --- | " + ("" if equal else "--- | ") + "--- | --- | --- | " + "--- | " * len(seed_paired)
+             + ("--- | " if paired else "") + ("--- | " if paired_pre else "") + "--- | --- | --- |"]
     for b in backbones:
         s = summary[b]
         lines.append(
-            f"| {b} | {bleu_cell(s)} | {', '.join(fmt(x) for x in s['bleu_per_seed'])} "
+            f"| {b} | " + ("" if equal else f"{seed_list(s['seeds'])} | ")
+            + f"{bleu_cell(s)} | {', '.join(fmt(x) for x in s['bleu_per_seed'])} "
             f"| {fmt(s['valid_loss'], 3)} | {', '.join(fmt(x, 3) for x in s['valid_loss_per_seed'])} | "
             + "".join(f"{seed_paired_cell(s, key)} | " for key, _ in seed_paired)
             + (f"{paired_cell(s)} | " if paired else "")
@@ -149,6 +279,8 @@ def comparison_markdown(summary):
             + f"{s['updates']} | {', '.join(seconds(t) for t in s['train_seconds_per_seed'])} |")
     if seed_paired:
         lines += ["", SEED_PAIRED_NOTE + "."]
+    lines += test_set_lines(summary, backbones) + paired_by_set_lines(summary, backbones)
+    lines += reproducibility_lines(summary)
     lines += ["", "Backbones (the only flags that differ):", ""]
     for b in backbones:
         lines.append(f"- `{b}`: {summary[b]['description']}: `{' '.join(summary[b]['flags'])}`")
@@ -156,14 +288,122 @@ def comparison_markdown(summary):
     return "\n".join(lines)
 
 
+def test_set_names(summary, backbones):
+    """The test sets the entries were scored on, the headline first (one: the headline only)."""
+    names = [t["name"] for t in summary.get("test_sets") or []]
+    for b in backbones:
+        names += [n for n in summary[b].get("bleu_per_seed_by_test_set") or {} if n not in names]
+    return names
+
+
+def test_set_lines(summary, backbones):
+    """BLEU of every backbone on every test set: mean ± sd over the seeds scored on it, and per seed."""
+    names = test_set_names(summary, backbones)
+    if len(names) < 2:
+        return []
+    lines = ["", f"**Every test set** ({', '.join(f'`{n}`' for n in names)}; the first is the headline above): "
+             "test BLEU, mean ± sd over the seeds scored on it (a run taken from a results file that did not "
+             "score a set, and whose checkpoint is gone, has none there), then per seed.", "",
+             "| backbone | " + " | ".join(f"`{n}`" for n in names) + " |", "| --- |" + " --- |" * len(names)]
+    for b in backbones:
+        s = summary[b]
+        per_set = dict(s.get("bleu_per_seed_by_test_set") or {names[0]: s["bleu_per_seed"]})
+        cells = []
+        for n in names:
+            values = per_set.get(n) or ([None] * len(s["seeds"]))
+            scored = [(seed, v) for seed, v in zip(s["seeds"], values) if v is not None]
+            if not scored:
+                cells.append("not scored")
+                continue
+            finite = [v for _, v in scored]
+            mean = round(statistics.mean(finite), 2)
+            sd = round(statistics.stdev(finite), 2) if len(finite) > 1 else None
+            cells.append(f"{spread(mean, sd, finite)} (seeds {seed_list([k for k, _ in scored])}: "
+                         + ", ".join(fmt(v) for v in finite) + ")")
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def paired_by_set_lines(summary, backbones):
+    """Seed-paired differences per test set, over the test sets, and of the best valid loss."""
+    names = test_set_names(summary, backbones)
+    pairs = [(b, ref) for b in backbones for ref in ("postln", "preln")
+             if summary[b].get(f"seed_paired_valid_loss_vs_{ref}")]
+    if not pairs:
+        return []
+    over = len(names) > 1 and any(summary[b].get(f"seed_paired_vs_{ref}_over_test_sets") for b, ref in pairs)
+    header = ("| backbone minus reference, same seed | "
+              + (" | ".join(f"ΔBLEU `{n}`" for n in names) if len(names) > 1 else "ΔBLEU (test)")
+              + (" | ΔBLEU, mean of the test sets" if over else "") + " | Δ best valid loss |")
+    lines = ["", "**Seed-paired differences, " + ("test BLEU per test set" if len(names) > 1 else "test BLEU")
+             + " and best validation loss** (backbone minus reference trained with the same seed, over the seeds "
+             "both have" + ("; mean of the test sets: per seed the mean of its differences on the "
+                            f"{len(names)} sets, then over the seeds scored on all of them" if over else "")
+             + "; a lower valid loss is better; per seed = mean ± sd (95% interval, Student t) with 3 or more "
+             "seeds; bold: the interval excludes zero).", "",
+             header, "| --- |" + " --- |" * (max(len(names), 1) + over + 1)]
+    for b, ref in pairs:
+        s = summary[b]
+        if len(names) > 1:
+            by_set = dict(s.get(f"seed_paired_vs_{ref}_by_test_set") or {})
+            by_set.setdefault(names[0], s.get(f"seed_paired_vs_{ref}"))  # the headline: the table's own record
+            cells = [seed_paired_cell(by_set, n) for n in names]
+        else:
+            cells = [seed_paired_cell(s, f"seed_paired_vs_{ref}")]
+        if over:
+            cells.append(seed_paired_cell(s, f"seed_paired_vs_{ref}_over_test_sets"))
+        cells.append(seed_paired_cell(s, f"seed_paired_valid_loss_vs_{ref}", digits=3))
+        lines.append(f"| {b} − {ref} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def reproducibility_lines(summary):
+    """Which runs trained here reproduce the imported results file's (its ``reproducibility``)."""
+    record = summary.get("reproducibility")
+    if not record:
+        return []
+    again = [r for r in record["runs"] if r.get("committed_in")]
+    first = [r for r in record["runs"] if not r.get("committed_in")]
+    lines = ["", "**Reproducibility of the harness**: " + record["rule"] + "."]
+    if again:
+        exact = [r for r in again if r["bleu_equal"] and r["valid_loss_equal"] and r["curve_equal"]]
+        lines += ["", f"{len(exact)} of {len(again)} runs trained again reproduce the committed run exactly "
+                      "(test BLEU, best valid loss and validation curve):", ""]
+        for r in again:
+            def same(flag):
+                return "equal" if flag else "**differs**"
+            lines.append(f"- {r['backbone']} seed {r['seed']}: BLEU {fmt(r['rerun_bleu'])} against "
+                         f"{fmt(r['committed_bleu'])} in `{r['committed_in']}` ({same(r['bleu_equal'])}), best valid "
+                         f"loss {fmt(r['rerun_valid_loss'], 3)} against {fmt(r['committed_valid_loss'], 3)} "
+                         f"({same(r['valid_loss_equal'])}), validation curve {same(r['curve_equal'])}")
+    else:
+        lines += ["", "No run trained here had a committed counterpart."]
+    if first:
+        by_backbone = {}
+        for r in first:
+            by_backbone.setdefault(r["backbone"], []).append(r["seed"])
+        lines += ["", "First trained here (no earlier record to compare with): "
+                  + "; ".join(f"{b} seeds {seed_list(s)}" for b, s in by_backbone.items()) + "."]
+    return lines
+
+
+QUESTIONS = (("realformer", "postln"), ("realformer_preln", "preln"))  # the two a comparison answers
+
+
 def plot_comparison(summary, path):
     """Validation loss against updates, one line per backbone (mean, min-max band over seeds);
-    the right panel zooms on the second half of training, where the backbones separate."""
+    the middle panel zooms on the second half of training, where the backbones separate. With
+    several test sets, a third panel: RealFormer minus Post-LN and RealFormer on Pre-LN minus
+    Pre-LN, same seed, on each test set and their mean (each seed, the mean and its 95% interval)."""
     plt = pyplot()
     backbones = [b for b in MAIN_ORDER if b in summary]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = test_set_names(summary, backbones)
+    questions = [(b, ref) for b, ref in QUESTIONS if b in summary
+                 and (summary[b].get(f"seed_paired_vs_{ref}_by_test_set") or {})]
+    sets_panel = len(names) > 1 and bool(questions)
+    fig, axes = plt.subplots(1, 3 if sets_panel else 2, figsize=(18 if sets_panel else 12, 4.5))
     last = max([u for b in backbones for u, _ in summary[b]["curve"]] or [0])
-    for zoom, ax in enumerate(axes):
+    for zoom, ax in enumerate(axes[:2]):
         for b in backbones:
             s = summary[b]
             keep = [i for i, (u, _) in enumerate(s["curve"]) if not zoom or u >= last / 2]
@@ -182,7 +422,38 @@ def plot_comparison(summary, path):
                      + ("" if len(summary[backbones[0]]["seeds"]) == 1 else " (mean, min-max over seeds)"))
     axes[0].set_ylabel("validation loss (label-smoothed, base 2)")
     axes[0].legend()
+    if sets_panel:
+        plot_test_sets(axes[2], summary, names, questions)
     fig.suptitle(f"{summary['title']}: Post-LN vs Pre-LN vs RealFormer")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_test_sets(ax, summary, names, questions):
+    """Seed-paired BLEU differences per test set and over the sets: dots each seed, a diamond
+    the mean (filled where its 95% interval excludes zero) with the interval."""
+    columns = names + ["mean of the sets"]
+    width = 0.8 / len(questions)
+    for q, (b, ref) in enumerate(questions):
+        by_set = dict(summary[b].get(f"seed_paired_vs_{ref}_by_test_set") or {})
+        by_set["mean of the sets"] = summary[b].get(f"seed_paired_vs_{ref}_over_test_sets")
+        color = COLORS[b]
+        for i, name in enumerate(columns):
+            record = by_set.get(name)
+            if not record or not record["per_seed"]:
+                continue
+            x = i + (q - (len(questions) - 1) / 2) * width
+            ax.plot([x] * len(record["per_seed"]), record["per_seed"], "o", ms=3, color=color, alpha=0.45)
+            if record.get("ci95"):
+                ax.plot([x, x], record["ci95"], color=color, lw=2)
+            clear = excludes_zero(record)
+            ax.plot([x], [record["mean"]], "D", ms=7, mec=color, mew=1.5, color=color if clear else "white",
+                    label=f"{b} − {NAMES[ref]}" if i == 0 else None)
+    ax.axhline(0, color="black", lw=1)
+    ax.set_xticks(range(len(columns)))
+    ax.set_xticklabels([n.replace("test_", "").replace("_", " ") for n in columns], fontsize=9)
+    ax.set_ylabel("ΔBLEU, same seed")
+    ax.set_title("ΔBLEU per test set, same seed (◆ mean, 95% interval; dots: seeds)", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)

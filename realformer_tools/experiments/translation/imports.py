@@ -169,6 +169,10 @@ def run_records(path, data, out, recipe, residual_mode="sum", study="compare", d
                 imported_from=sources[i] or path,  # where the run was first recorded
                 environment=dict(ENVIRONMENT),  # checked against the file's recipe above
             )
+            by_set = {name: values[i] for name, values in (entry.get("bleu_per_seed_by_test_set") or {}).items()
+                      if values[i] is not None}
+            if by_set:  # the test sets the run was scored on (the main comparison)
+                record["bleu_by_test_set"] = by_set
             hyps_path = os.path.join(hyps_dir, f"{b}_seed{seed}.txt")
             hyps = None
             # hypotheses are kept per backbone and seed, so only the main comparison's files name one run

@@ -1,6 +1,7 @@
 """The paper's learning-rate stability test (He et al. 2021, Fig. 3): the same recipe at a
 normal and at higher peak learning rates (nothing else changes) for a short budget; each
-run's outcome is judged against the same backbone and seed at the normal learning rate."""
+run's outcome is judged as in every study with outcomes: against the lowest best valid loss
+of the study's finished runs of the same seed (every backbone and learning rate)."""
 
 import math
 import os
@@ -11,11 +12,26 @@ from .figures import pyplot
 from .recipe import BACKBONES, corpus_info, test_references
 from .report import fmt, seconds, seed_paired_cell, write_outputs
 from .runs import check_backbones, join_notes, machine_description, parallel_note, recipe_record, train_all
-from .stats import classify, outcome_rule, seed_paired
+from .stats import best_loss_per_seed, classify, outcome_rule, seed_paired
+
+SWEEP_REFERENCE = "the lowest best valid loss of the sweep's finished runs (every lr and backbone) of the same seed"
 
 
-def sweep_reference(normal_lr):
-    return f"the same backbone and seed at lr {normal_lr:g}"
+def sweep_reference(normal_lr=None):
+    """The sweep's outcome reference, the same rule as the depth test's and the grids' (the
+    normal learning rate only labels a column)."""
+    return SWEEP_REFERENCE
+
+
+def classify_sweep(table, margin):
+    """Set each run's ``outcome`` in the sweep's ``{backbone: {lr: [run per seed]}}`` against the
+    lowest best valid loss of the finished runs of its seed (``stats.best_loss_per_seed``);
+    returns ``{seed: reference loss}``."""
+    entries = [e for by_lr in table.values() for es in by_lr.values() for e in es]
+    reference = best_loss_per_seed(entries, sorted({e["seed"] for e in entries}))
+    for e in entries:
+        e["outcome"] = classify(e, reference[e["seed"]], margin)
+    return reference
 
 
 def sweep_seed_paired(table):
@@ -38,9 +54,10 @@ def lr_sweep(data, out, recipe, lrs, backbones=BACKBONES, seeds=(1,), residual_m
              title=None, jobs=1):
     """Train every backbone at every learning rate in ``lrs`` (nothing else changes).
 
-    ``normal_lr`` (default: the smallest of ``lrs``) is the reference: a run at another
-    learning rate is ``lagging`` when its best valid loss exceeds the same backbone's (and
-    seed's) best valid loss at ``normal_lr`` by more than ``margin`` (``stats.classify``).
+    ``normal_lr`` (default: the smallest of ``lrs``) is trained first and marked in the
+    table. A run is ``lagging`` when its best valid loss exceeds the lowest best valid loss of
+    the sweep's finished runs of the same seed by more than ``margin`` (``classify_sweep``,
+    the rule of every study with outcomes).
     ``seed_paired_vs_postln`` / ``_vs_preln``: ``{backbone: {lr: BLEU differences seed by
     seed}}`` against Post-LN / Pre-LN at the same learning rate.
     """
@@ -63,9 +80,8 @@ def lr_sweep(data, out, recipe, lrs, backbones=BACKBONES, seeds=(1,), residual_m
             entries = []
             for seed in seeds:
                 r = runs[(backbone, lr, seed)]
-                ref = runs[(backbone, normal_lr, seed)]["best_valid_loss"]
                 entries.append({
-                    "seed": seed, "outcome": classify(r, ref, margin), "status": r["status"],
+                    "seed": seed, "outcome": None, "status": r["status"],
                     "reason": r["reason"], "bleu": r["bleu"], "best_valid_loss": r["best_valid_loss"],
                     "final_valid_loss": r["final_valid_loss"], "updates": r["updates"],
                     "train_seconds": r["train_seconds"], "decode_seconds": r["decode_seconds"],
@@ -73,6 +89,7 @@ def lr_sweep(data, out, recipe, lrs, backbones=BACKBONES, seeds=(1,), residual_m
                     "checkpoint": r["checkpoint"], "log": r["log"],
                 })
             table[backbone][f"{lr:g}"] = entries
+    reference = classify_sweep(table, margin)
     signatures = {r["signature"] for r in runs.values() if r["signature"]}
     summary = {
         "title": title or corpus_info(data)["title"],
@@ -81,6 +98,7 @@ def lr_sweep(data, out, recipe, lrs, backbones=BACKBONES, seeds=(1,), residual_m
         "normal_lr": normal_lr,
         "divergence_rule": outcome_rule(margin, sweep_reference(normal_lr)),
         "reference": sweep_reference(normal_lr),
+        "reference_loss_per_seed": {str(seed): loss for seed, loss in reference.items()},
         "margin": margin,
         "recipe": recipe_record(recipe, data, references, backbones, residual_mode, seeds),
         "sacrebleu_signature": " / ".join(sorted(signatures)) or None,
@@ -121,7 +139,10 @@ def sweep_markdown(summary):
                       "| backbone | " + " | ".join(f"lr {lr}" for lr in lrs) + " |", "| --- |" + " --- |" * len(lrs)]
             lines += [f"| {b} | " + " | ".join(seed_paired_cell(summary[key][b], lr) for lr in lrs) + " |"
                       for b in backbones if b in summary[key]]
-    lines += ["", f"Rule: {summary['divergence_rule']}.", "",
+    reference = summary.get("reference_loss_per_seed") or {}
+    lines += ["", f"Rule: {summary['divergence_rule']}."
+              + (" Reference (lowest best valid loss) per seed: "
+                 + ", ".join(f"seed {k}: {fmt(v, 3)}" for k, v in reference.items()) + "." if reference else ""), "",
               "Shared fairseq-train flags (`--lr` replaced per column):", "", "```",
               " ".join(summary["recipe"]["shared_train_flags"]), "```", "",
               f"sacreBLEU signature: `{summary['sacrebleu_signature']}`", "",

@@ -215,7 +215,31 @@ def corpus_info(data):
     corpus = prepared.get("settings", {}).get("corpus", "multi30k")
     info["title"] = (f"{CORPUS_NAMES.get(corpus, corpus)} "
                      f"{LANGUAGE_NAMES.get(info['src'], info['src'])}->{LANGUAGE_NAMES.get(info['tgt'], info['tgt'])}")
+    info["test_sets"] = test_sets(data, prepared, info)
     return info
+
+
+HEADLINE_TEST_NAMES = {"multi30k": "test_2016_flickr"}  # the name of the split ``test`` where prepare.json has none
+
+
+def test_sets(data, prepared, info):
+    """``[{"split", "name", "references"}]``: every test split of ``data`` that ``prepare.json``
+    names (``test_sets``, ``test_set_files``) and whose binaries are there, the headline
+    ``test`` first; a folder that names none has ``test`` only (Multi30k's is
+    test_2016_flickr)."""
+    corpus = prepared.get("settings", {}).get("corpus", "multi30k")
+    names = dict(prepared.get("test_sets") or {"test": HEADLINE_TEST_NAMES.get(corpus, "test")})
+    files = prepared.get("test_set_files") or {}
+    out = [{"split": "test", "name": names.get("test", "test"), "references": info["references"]}]
+    pair = f"{info['src']}-{info['tgt']}"
+    for split, name in names.items():
+        refs = (files.get(split) or {}).get("tgt")
+        if split == "test" or not refs:
+            continue
+        if all(os.path.exists(os.path.join(data, f"{split}.{pair}.{lang}.{ext}"))
+               for lang in (info["src"], info["tgt"]) for ext in ("bin", "idx")):
+            out.append({"split": split, "name": name, "references": refs})
+    return out
 
 
 def test_references(data, references=None):

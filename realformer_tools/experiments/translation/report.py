@@ -82,18 +82,19 @@ def excludes_zero(paired):
     return bool(ci) and (ci[0] > 0 or ci[1] < 0)
 
 
-def seed_paired_cell(s, key="seed_paired_vs_postln"):
+def seed_paired_cell(s, key="seed_paired_vs_postln", digits=2):
     """Per-seed differences and their mean; ``± sd`` and the 95% interval with 3 or more seeds,
-    bold only where the interval excludes zero."""
+    bold only where the interval excludes zero (``digits``: decimals shown)."""
     p = s.get(key) if s else None
     if not p or not p["per_seed"]:
         return "—"
-    per_seed = " / ".join(f"{d:+.2f}" for d in p["per_seed"])
+    d = digits
+    per_seed = " / ".join(f"{v:+.{d}f}" for v in p["per_seed"])
     if len(p["per_seed"]) == 1:
         return f"{per_seed} (1 seed)"
     if p.get("ci95") is None:
-        return f"{per_seed} (mean {p['mean']:+.2f})"
-    cell = f"{p['mean']:+.2f} ± {p['sd']:.2f} (95% CI {p['ci95'][0]:+.2f} to {p['ci95'][1]:+.2f})"
+        return f"{per_seed} (mean {p['mean']:+.{d}f})"
+    cell = f"{p['mean']:+.{d}f} ± {p['sd']:.{d}f} (95% CI {p['ci95'][0]:+.{d}f} to {p['ci95'][1]:+.{d}f})"
     cell = f"**{cell}**" if excludes_zero(p) else cell
     return f"{per_seed} = {cell}"
 

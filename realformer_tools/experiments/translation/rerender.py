@@ -21,11 +21,11 @@ from realformer_nmt.errors import RealFormerError
 from .ablation import ablation_markdown, plot_ablation
 from .compare import comparison_markdown, plot_comparison
 from .depth import DEPTH_REFERENCE, depth_markdown, plot_depth
-from .lr_sweep import plot_sweep, sweep_markdown, sweep_reference, sweep_seed_paired
+from .lr_sweep import classify_sweep, plot_sweep, sweep_markdown, sweep_reference, sweep_seed_paired
 from .recipe import ABLATION, MAIN_ORDER
 from .report import write_outputs
 from .stability import plot_stability, stability_markdown
-from .stats import PAIRED_TEST_NOTE, add_seed_paired, outcome_rule
+from .stats import PAIRED_TEST_NOTE, add_seed_paired, add_test_set_paired, outcome_rule, test_set_means
 from .summary import kind, write_summary
 
 RENAMED = {"stalled": "lagging"}  # the depth and lr studies' old word for it
@@ -55,6 +55,10 @@ def upgrade(summary):
         for e in entries.values():
             _outcomes(e)
         add_seed_paired(entries, metric="mlm_accuracy_per_seed" if k == "mlm" else "bleu_per_seed")
+        if k == "comparison":
+            for e in entries.values():
+                test_set_means(e)
+            add_test_set_paired(entries)
         _paired_note(summary)
     elif k == "ablation":
         entries = {key: summary[key] for key in ABLATION if key in summary}
@@ -74,8 +78,10 @@ def upgrade(summary):
             for entries in by_lr.values():
                 for e in entries:
                     e["outcome"] = RENAMED.get(e["outcome"], e["outcome"])
+        reference = classify_sweep(summary["runs"], summary["margin"])  # the one rule of every study
         summary["divergence_rule"] = outcome_rule(summary["margin"], sweep_reference(summary["normal_lr"]))
         summary["reference"] = sweep_reference(summary["normal_lr"])
+        summary["reference_loss_per_seed"] = {str(seed): loss for seed, loss in reference.items()}
         summary.update(sweep_seed_paired(summary["runs"]))
     elif k == "stability":
         for row in summary["grid"].values():

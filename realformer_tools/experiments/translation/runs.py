@@ -36,7 +36,7 @@ def run_one(data, references, backbone, recipe, seed, run_dir, residual_mode="su
     done = finished_run(data, backbone, recipe, seed, run_dir, residual_mode, lr)
     if done is not None:
         log(f"{label}already done: reusing {os.path.join(run_dir, 'result.json')}")
-        return done
+        return score_test_sets(done, data, recipe, env=env, log=log, label=label)
     cmd = train_command(data, backbone, recipe, seed, run_dir, residual_mode, lr)
     train = fairseq_runs.train_resumable(cmd, run_dir, label, log, recipe.max_update, env)
     checkpoint = os.path.join(run_dir, "checkpoint_best.pt")
@@ -59,10 +59,66 @@ def run_one(data, references, backbone, recipe, seed, run_dir, residual_mode="su
                       bleu_convention=scored["convention"], tokenized_bleu=scored.get("tokenized_bleu"),
                       decode_seconds=scored["seconds"], generate_command=scored["command"])
     fairseq_runs.write_json(os.path.join(run_dir, "result.json"), fairseq_runs.finite_or_none(result))
+    result = score_test_sets(dict(result, run_dir=run_dir), data, recipe, env=env, log=log, label=label)
     log(f"{label}DONE: {train['status']}{' (' + train['reason'] + ')' if train['reason'] else ''}, "
         f"updates {train['updates']}, best valid loss {fmt(result['best_valid_loss'])}, "
         f"test BLEU {fmt(result['bleu'])}, train {train['seconds']:.0f}s")
     return dict(fairseq_runs.finite_or_none(result), run_dir=run_dir)
+
+
+def test_set_scores(result, data):
+    """``{name: {"split", "bleu", "sacrebleu", "signature", ...}}``: a run's scores on the test
+    sets of ``data`` (``recipe.corpus_info``'s ``test_sets``); the headline set is the run's own
+    ``bleu`` where the run was scored before the test sets were named."""
+    scores = dict(result.get("test_set_scores") or {})
+    headline = corpus_info(data)["test_sets"][0]
+    if result.get("bleu") is not None and headline["name"] not in scores:
+        scores[headline["name"]] = {"split": "test", "bleu": result["bleu"], "sacrebleu": result.get("sacrebleu"),
+                                    "signature": result.get("signature"),
+                                    "decode_seconds": result.get("decode_seconds")}
+    return scores
+
+
+def missing_test_sets(result, data):
+    """The test sets of ``data`` (beyond the headline) that a finished, decoded run has no score
+    for: ``[{"split", "name", "references"}]``."""
+    if result is None or result.get("status") != "finished" or result.get("bleu") is None:
+        return []
+    have = result.get("bleu_by_test_set") or {}
+    return [t for t in corpus_info(data)["test_sets"][1:] if t["name"] not in have]
+
+
+def score_test_sets(result, data, recipe, env=None, log=print, label=""):
+    """Decode a finished run's ``checkpoint_best.pt`` on every test set of ``data`` it has no
+    score for (``missing_test_sets``; fairseq-generate on that split, output in
+    ``generate_<name>.txt``), store ``bleu_by_test_set`` and ``test_set_scores`` in its
+    ``result.json`` and return the updated result. Decoding only: nothing trains. A run
+    without its checkpoint (taken from a results file, or whose folder was cleaned) keeps
+    what it has."""
+    todo = missing_test_sets(result, data)
+    run_dir = result["run_dir"]
+    checkpoint = os.path.join(run_dir, "checkpoint_best.pt")
+    if not todo or not os.path.exists(checkpoint):
+        if todo and not result.get("imported_from"):
+            log(f"{label}no {checkpoint}: {', '.join(t['name'] for t in todo)} cannot be scored")
+        return result
+    info = corpus_info(data)
+    env = with_data_fixes(env or fairseq_runs.cli_env())
+    scores = test_set_scores(result, data)
+    for t in todo:
+        scored = fairseq_runs.generate_and_score(
+            data, checkpoint, t["references"], os.path.join(run_dir, f"generate_{t['name']}.txt"),
+            recipe.generate_flags(info), subset=t["split"], log=log, label=f"{label}{t['name']}: ", env=env,
+            convention=info["bleu"], lang=info["tgt"])
+        scores[t["name"]] = {"split": t["split"], "bleu": scored["bleu"], "sacrebleu": scored["sacrebleu"],
+                             "signature": scored["signature"], "sentences": scored["sentences"],
+                             "decode_seconds": scored["seconds"], "references": os.path.abspath(t["references"]),
+                             "generate_command": scored["command"]}
+    result = dict(result, test_set_scores=scores,
+                  bleu_by_test_set={name: rec["bleu"] for name, rec in scores.items()})
+    stored = {k: v for k, v in result.items() if k != "run_dir"}
+    fairseq_runs.write_json(os.path.join(run_dir, "result.json"), fairseq_runs.finite_or_none(stored))
+    return result
 
 
 def finished_run(data, backbone, recipe, seed, run_dir, residual_mode="sum", lr=None):
@@ -76,12 +132,21 @@ def finished_run(data, backbone, recipe, seed, run_dir, residual_mode="sum", lr=
     return None
 
 
-def run_hypotheses(result):
-    """The detokenized test hypotheses of a scored run, in corpus order (None if not decoded)."""
+def run_hypotheses(result, test_set=None):
+    """The detokenized test hypotheses of a scored run, in corpus order (None if not decoded);
+    ``test_set``: those of a further test set (``generate_<name>.txt``)."""
+    if test_set is not None:
+        path = os.path.join(result["run_dir"], f"generate_{test_set}.txt")
+        if (result.get("bleu_by_test_set") or {}).get(test_set) is None or not os.path.exists(path):
+            return None
+        hyps = fairseq_runs.parse_generate_output(fairseq_runs.read_log(path))
+        return [hyps[i] for i in range(len(hyps))]
     path = os.path.join(result["run_dir"], "generate.txt")
     imported = os.path.join(result["run_dir"], "hypotheses.txt")  # a run taken from a results file
     if result.get("bleu") is None:
         return None  # not decoded
+    if result.get("hypotheses") is not None:  # a results file's run, read into memory (--report-only)
+        return list(result["hypotheses"])
     if not os.path.exists(path):
         return read_lines(imported) if os.path.exists(imported) else None
     hyps = fairseq_runs.parse_generate_output(fairseq_runs.read_log(path))
@@ -97,6 +162,12 @@ def save_hypotheses(results, folder):
         if hyps is not None:
             with open(os.path.join(folder, f"{r['backbone']}_seed{r['seed']}.txt"), "w", encoding="utf-8") as f:
                 f.write("".join(h + "\n" for h in hyps))
+        for name in list(r.get("bleu_by_test_set") or {})[1:]:  # further test sets: <backbone>_seed<k>.<name>.txt
+            hyps = run_hypotheses(r, name)
+            if hyps is not None:
+                with open(os.path.join(folder, f"{r['backbone']}_seed{r['seed']}.{name}.txt"), "w",
+                          encoding="utf-8") as f:
+                    f.write("".join(h + "\n" for h in hyps))
 
 
 def machine_description(note=""):
@@ -121,7 +192,7 @@ def recipe_record(recipe, data, references, backbones, residual_mode, seeds):
         "shared_train_flags": recipe.model_flags(corpus_info(data)) + recipe.train_flags(),
         "backbone_flags": {b: backbone_flags(b, residual_mode) for b in backbones},
         "generate_flags": recipe.generate_flags(corpus_info(data)),
-        "corpus": {k: v for k, v in corpus_info(data).items() if k not in ("references", "title")},
+        "corpus": {k: v for k, v in corpus_info(data).items() if k not in ("references", "title", "test_sets")},
         "example_train_command": fairseq_runs.quote(example),
         "environment": dict(ENVIRONMENT),
         "seeds": list(seeds),
@@ -146,14 +217,25 @@ def train_all(specs, data, references, recipe, residual_mode, threads, jobs, log
     """Train and score every ``(key, backbone, seed, run_dir, recipe_or_None, lr)`` in ``specs``,
     ``jobs`` at a time; returns ``{key: result}``. With ``report_only`` nothing trains: the
     result of each run finished so far, None for the others."""
+    threads = fairseq_runs.threads_per_job(threads, jobs)
+    env = fairseq_runs.cli_env(threads)
+    log = fairseq_runs.serialized(log)
     if report_only:
         runs = {spec[0]: finished_run(data, spec[1], spec[4] or recipe, spec[2], spec[3], residual_mode, spec[5])
                 for spec in specs}
         log(f"[{tag}] report only: {sum(r is not None for r in runs.values())}/{len(specs)} runs finished")
+        # decoding only: finished runs scored on the test sets they lack (their checkpoints still there)
+        todo = [(spec, runs[spec[0]]) for spec in specs if missing_test_sets(runs[spec[0]], data)
+                and os.path.exists(os.path.join(spec[3], "checkpoint_best.pt"))]
+        if todo:
+            log(f"[{tag}] report only: decoding {len(todo)} finished runs on the test sets they lack (no training)")
+
+            def score(spec, result):
+                label = f"[{spec[1]} seed {spec[2]}{'' if spec[5] is None else f' lr {spec[5]:g}'}] "
+                return lambda: score_test_sets(result, data, spec[4] or recipe, env=env, log=log, label=label)
+
+            runs.update(fairseq_runs.run_parallel([(spec[0], score(spec, r)) for spec, r in todo], jobs, log))
         return runs
-    threads = fairseq_runs.threads_per_job(threads, jobs)
-    env = fairseq_runs.cli_env(threads)
-    log = fairseq_runs.serialized(log)
     done = []
 
     def task(key, backbone, seed, run_dir, run_recipe, lr):

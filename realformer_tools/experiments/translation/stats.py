@@ -124,8 +124,13 @@ def seed_paired(values, reference_values, seeds, reference_seeds, digits=2):
     by_seed = dict(zip(reference_seeds, reference_values))
     pairs = [(seed, v, by_seed[seed]) for seed, v in zip(seeds, values)
              if seed in by_seed and v is not None and by_seed[seed] is not None]
-    per_seed = [round(v - ref, EXACT_DIGITS) for _, v, ref in pairs]
-    out = {"seeds": [seed for seed, _, _ in pairs], "per_seed": per_seed,
+    return over_seeds([seed for seed, _, _ in pairs], [round(v - ref, EXACT_DIGITS) for _, v, ref in pairs], digits)
+
+
+def over_seeds(seeds, per_seed, digits=2):
+    """``{"seeds", "per_seed", "mean"}`` of one value per seed, plus ``"sd"`` (n - 1) and
+    ``"ci95"`` (Student t) with 3 or more seeds; only the statistics are rounded."""
+    out = {"seeds": list(seeds), "per_seed": list(per_seed),
            "mean": round(statistics.mean(per_seed), digits) if per_seed else None}
     if len(per_seed) >= 3:
         from scipy.stats import t
@@ -135,6 +140,85 @@ def seed_paired(values, reference_values, seeds, reference_seeds, digits=2):
         mean = statistics.mean(per_seed)
         out.update(sd=round(sd, digits), ci95=[round(mean - half, digits), round(mean + half, digits)])
     return out
+
+
+def over_test_sets(records, digits=2):
+    """Per seed, the mean of its seed-paired differences on every test set of ``records``
+    (``{name: seed_paired record}``; only seeds paired on all of them), then ``over_seeds``:
+    ``{"test_sets", "seeds", "per_seed", "mean", "sd", "ci95"}``."""
+    names = list(records)
+    common = [seed for seed in records[names[0]]["seeds"] if all(seed in r["seeds"] for r in records.values())]
+    per_seed = [round(statistics.mean(r["per_seed"][r["seeds"].index(seed)] for r in records.values()), EXACT_DIGITS)
+                for seed in common]
+    return dict(test_sets=names, **over_seeds(common, per_seed, digits))
+
+
+TEST_SET_KEY = "bleu_per_seed_by_test_set"  # {test set name: [BLEU per seed, None where not scored]}
+
+
+def add_test_set_paired(entries):
+    """The main comparison's further seed-paired records, on every entry (``{backbone: entry}``)
+    but the reference itself, against Post-LN and Pre-LN where they ran:
+
+    - ``seed_paired_valid_loss_vs_<ref>``: best valid loss minus the reference's, same seed
+      (3 decimals);
+    - with per-test-set BLEU (``bleu_per_seed_by_test_set``), ``seed_paired_vs_<ref>_by_test_set``
+      (``{name: seed_paired record}``, the sets both sides have a score on) and, with two or
+      more sets, ``seed_paired_vs_<ref>_over_test_sets`` (``over_test_sets``: per seed the
+      mean of the sets' differences, then over seeds)."""
+    for reference in ("postln", "preln"):
+        ref = entries.get(reference)
+        if ref is None:
+            continue
+        for b, e in entries.items():
+            if e is None or b == reference:
+                continue
+            e[f"seed_paired_valid_loss_vs_{reference}"] = seed_paired(
+                e["valid_loss_per_seed"], ref["valid_loss_per_seed"], e["seeds"], ref["seeds"], digits=3)
+            if TEST_SET_KEY not in e or TEST_SET_KEY not in ref:
+                continue
+            by_set = {}
+            for name, values in e[TEST_SET_KEY].items():
+                if name in ref[TEST_SET_KEY]:
+                    record = seed_paired(values, ref[TEST_SET_KEY][name], e["seeds"], ref["seeds"])
+                    if record["per_seed"]:
+                        by_set[name] = record
+            e[f"seed_paired_vs_{reference}_by_test_set"] = by_set
+            if len(by_set) >= 2:
+                e[f"seed_paired_vs_{reference}_over_test_sets"] = over_test_sets(by_set)
+            else:
+                e.pop(f"seed_paired_vs_{reference}_over_test_sets", None)
+    return entries
+
+
+def test_set_entries(entry, results, names):
+    """Add each test set's BLEU per seed (``bleu_per_seed_by_test_set``, None where a run has no
+    score on it) and its mean and sd over the scored seeds (``bleu_by_test_set``,
+    ``bleu_std_by_test_set``) to a backbone's summary ``entry``; ``names``: the test sets, the
+    headline first (a run without per-set scores has its ``bleu`` there)."""
+    per = {}
+    for name in names:
+        values = []
+        for r in results:
+            by_set = dict(r.get("bleu_by_test_set") or {})
+            by_set.setdefault(names[0], r.get("bleu"))
+            values.append(by_set.get(name))
+        per[name] = values
+    entry[TEST_SET_KEY] = per
+    return test_set_means(entry)
+
+
+def test_set_means(entry):
+    """``bleu_by_test_set`` / ``bleu_std_by_test_set`` of an entry from its
+    ``bleu_per_seed_by_test_set`` (mean and sd, n - 1, over the seeds scored on each set)."""
+    per = entry.get(TEST_SET_KEY)
+    if per is None:
+        return entry
+    entry["bleu_by_test_set"] = {n: round(statistics.mean(v for v in vs if v is not None), 2)
+                                 if any(v is not None for v in vs) else None for n, vs in per.items()}
+    entry["bleu_std_by_test_set"] = {n: round(statistics.stdev(v for v in vs if v is not None), 2)
+                                     if sum(v is not None for v in vs) > 1 else None for n, vs in per.items()}
+    return entry
 
 
 def add_seed_paired(entries, metric="bleu_per_seed", backbone_of=None, digits=2):

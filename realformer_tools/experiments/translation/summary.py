@@ -1,19 +1,26 @@
 """``results/summary.png``: every study's seed-paired differences in one figure.
 
-One row per study, language pair, depth and learning rate; two columns, the two questions
-every study asks: RealFormer minus Post-LN, and RealFormer on Pre-LN minus Pre-LN (the
-``seed_paired_vs_postln`` of ``realformer`` and the ``seed_paired_vs_preln`` of
-``realformer_preln``, as the results JSONs hold them). A comparison with 3 or more seeds is
-drawn as its mean with the 95% interval, one with two seeds as both seeds' values, one seed
-as that value; a zero line in each column. The masked-LM comparison (accuracy points, not
-BLEU) has its own axis below.
+One row per study, language pair, depth, learning rate (and test set or residual path where a
+study has several); two columns, the two questions every study asks: RealFormer minus Post-LN
+(for the path ablation: residual attention on one path minus Post-LN), and RealFormer on
+Pre-LN minus Pre-LN (the ``seed_paired_vs_postln`` of ``realformer`` and the
+``seed_paired_vs_preln`` of ``realformer_preln``, as the results JSONs hold them). A
+comparison with 3 or more seeds is drawn as its mean with the 95% interval, one with two
+seeds as both seeds' values, one seed as that value; a zero line in each panel. Each value's
+numbers are printed in a column beside its panel, so the x-axis fits the data.
+
+The rows come in blocks, each with its own x-axis fitted to its data (a block's widest
+intervals run past it as arrows, their numbers printed): the main recipe (3+3 layers, 1800
+updates: the comparisons, their further test sets, the path ablation); the deeper models and
+learning-rate grids (1200 updates), by depth, then learning rate; the 200-update, one-seed
+learning-rate sweep, drawn faint (a quick look, not a test); the masked LM (accuracy points).
 
 The rows come from the study JSONs found in a folder (``summary_rows``), so a study added
-later (another ``--stability-limit`` depth, say) appears without any change here. Rows that
-hold the same runs (the stability grid reuses the depth test's runs at its own learning
-rate) are drawn once, under both studies' names. The path ablation is left out: its
-``all`` and Post-LN rows are the main comparison's runs, and its single-path rows answer
-another question.
+later appears without any change here. Rows that hold the same runs are drawn once: the
+same seeds under both studies' names (``depth stress = stability limit``), or a row whose
+seeds are part of another's under the larger one (``stability limit ⊃ depth stress``: the
+grid added seed 3 to the depth test's seeds 1-2; ``comparison ⊃ path ablation``: the
+ablation's all-paths row is the comparison's seeds 1-2).
 """
 
 import glob
@@ -25,11 +32,18 @@ from .recipe import MAIN_ORDER
 
 COMPARISONS = (("realformer", "seed_paired_vs_postln", "RealFormer − Post-LN"),
                ("realformer_preln", "seed_paired_vs_preln", "RealFormer on Pre-LN − Pre-LN"))
+COLUMN_TITLES = ("RealFormer (or one path) − Post-LN", "RealFormer on Pre-LN − Pre-LN")
 REFERENCE = {"seed_paired_vs_postln": "postln", "seed_paired_vs_preln": "preln"}
 STUDY_NAMES = {"comparison": "comparison", "depth": "depth stress", "stability": "stability limit",
-               "lr_sweep": "lr sweep", "mlm": "masked LM"}
-ORDER = ("comparison", "depth", "stability", "lr_sweep", "mlm")
+               "lr_sweep": "lr sweep", "mlm": "masked LM", "ablation": "path ablation"}
+ORDER = ("comparison", "ablation", "depth", "stability", "lr_sweep", "mlm")
 LANGUAGES = {"en": "En", "de": "De", "fr": "Fr"}
+PATHS = {"encoder": "encoder path only", "decoder": "decoder path only", "cross": "cross path only",
+         "all": "all three paths"}
+BLOCKS = (("main", "3+3 layers, 1800 updates (the main recipe)"),
+          ("deep", "deeper models and learning-rate grids, 1200 updates"),
+          ("sweep", "learning-rate sweep: one seed, 200 updates (a quick look, not a test)"),
+          ("mlm", "masked LM, WikiText-2 (accuracy points)"))
 
 
 def kind(summary):
@@ -75,13 +89,13 @@ def _ok(statuses):
     return any(st in ("ok", "finished") for st in statuses)
 
 
-def _cell(entry, key, entries):
+def _cell(entry, key, entries, record=None):
     """One comparison of a row: the record and whether every run on both sides lagged or diverged."""
-    record = (entry or {}).get(key)
+    record = record if record is not None else (entry or {}).get(key)
     if not record or not record.get("per_seed"):
         return None
     reference = entries.get(REFERENCE[key]) or {}
-    failed = not _ok(entry.get("status_per_seed", [])) and not _ok(reference.get("status_per_seed", []))
+    failed = not _ok((entry or {}).get("status_per_seed", [])) and not _ok(reference.get("status_per_seed", []))
     return dict(record, failed=failed)
 
 
@@ -102,13 +116,36 @@ def _sweep_cells(summary, lr_key):
     return cells
 
 
+def _test_set_rows(summary, base):
+    """A comparison's further test sets and the mean over its sets, one row each."""
+    rows, names = [], []
+    for backbone, key, _ in COMPARISONS:
+        names += [n for n in (summary.get(backbone) or {}).get(f"{key}_by_test_set") or {} if n not in names]
+    for name in names[1:] + (["mean of the test sets"] if len(names) > 1 else []):
+        cells = []
+        for backbone, key, _ in COMPARISONS:
+            entry = summary.get(backbone) or {}
+            record = (entry.get(f"{key}_over_test_sets") if name == "mean of the test sets"
+                      else (entry.get(f"{key}_by_test_set") or {}).get(name))
+            cells.append(_cell(entry, key, summary, record or {}))
+        rows.append(dict(base, variant=name if name.startswith("mean") else f"on {name}", cells=cells))
+    return rows
+
+
 def rows_of(summary, kind, name):
-    """``[{"study", "kind", "pair", "depth", "lr", "updates", "cells": [cell per COMPARISONS]}]``."""
+    """``[{"study", "kind", "pair", "depth", "lr", "updates", "variant", "cells": [cell per COMPARISONS]}]``."""
     settings = (summary.get("recipe") or {}).get("settings", {})
-    base = dict(study=STUDY_NAMES[kind], kind=kind, name=name, updates=settings.get("max_update"),
+    base = dict(study=STUDY_NAMES[kind], kind=kind, name=name, updates=settings.get("max_update"), variant=None,
                 pair="WikiText-2" if kind == "mlm" else pair_label(summary))
     if kind in ("comparison", "mlm"):
-        return [dict(base, depth=settings.get("layers"), lr=settings.get("lr"), cells=_entry_cells(summary))]
+        base.update(depth=settings.get("layers"), lr=settings.get("lr"))
+        rows = [dict(base, cells=_entry_cells(summary))]
+        return rows + (_test_set_rows(summary, base) if kind == "comparison" else [])
+    if kind == "ablation":
+        base.update(depth=settings.get("layers"), lr=settings.get("lr"))
+        entries = {"postln": summary.get("postln")}
+        return [dict(base, variant=PATHS[key], cells=[_cell(summary[key], "seed_paired_vs_postln", entries), None])
+                for key in PATHS if summary.get(key)]
     if kind == "depth":
         return [dict(base, depth=int(depth), lr=settings.get("lr"), cells=_entry_cells(row))
                 for depth, row in sorted(summary["depths"].items(), key=lambda kv: int(kv[0]))]
@@ -121,13 +158,40 @@ def rows_of(summary, kind, name):
     return []
 
 
-def _same_runs_key(row):
-    cells = tuple(None if c is None else (tuple(c["seeds"]), tuple(c["per_seed"])) for c in row["cells"])
-    return row["pair"], row["depth"], row["lr"], row["updates"], cells
+def block_of(row):
+    if row["kind"] == "mlm":
+        return "mlm"
+    if row["kind"] == "lr_sweep":
+        return "sweep"
+    return "main" if row["kind"] in ("comparison", "ablation") else "deep"
+
+
+def _setting(row):
+    return row["pair"], row["depth"], row["lr"], row["updates"]
+
+
+def _pairs(cell):
+    return None if cell is None else dict(zip(cell["seeds"], cell["per_seed"]))
+
+
+def _part_of(row, other):
+    """Whether every run pair of ``row`` is in ``other`` (same setting, same values per seed)."""
+    if _setting(row) != _setting(other) or row["variant"] not in (None, "all three paths") or other["variant"]:
+        return False
+    found = False
+    for cell, big in zip(row["cells"], other["cells"]):
+        if cell is None:
+            continue
+        mine, theirs = _pairs(cell), _pairs(big)
+        if theirs is None or any(seed not in theirs or theirs[seed] != value for seed, value in mine.items()):
+            return False
+        found = True
+    return found
 
 
 def summary_rows(folder):
-    """The rows of every study JSON in ``folder``, in reading order; rows with the same runs merged."""
+    """The rows of every study JSON in ``folder``, block by block (within a block: study order,
+    then depth and learning rate); rows holding the same runs merged (see the module's text)."""
     found = []
     for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
         with open(path, encoding="utf-8") as f:
@@ -137,115 +201,170 @@ def summary_rows(folder):
             found.append((ORDER.index(k), os.path.basename(path)[:-len(".json")], summary, k))
     rows = []
     for _, name, summary, k in sorted(found, key=lambda t: t[:2]):
-        rows += sorted(rows_of(summary, k, name), key=lambda r: r["depth"] or 0)  # stable: the study's lr order
-    merged, seen = [], {}
+        rows += rows_of(summary, k, name)
+    rows = [r for r in rows if any(r["cells"])]
     for row in rows:
-        if not any(row["cells"]):
+        row["block"] = block_of(row)
+    merged = []
+    for row in rows:  # the same runs under two names: one row
+        same = next((m for m in merged if _part_of(row, m) and _part_of(m, row)), None)
+        if same is not None:
+            if row["study"] not in same["study"].split(" = "):
+                same["study"] += " = " + row["study"]
             continue
-        key = _same_runs_key(row)
-        if key in seen:
-            first = seen[key]
-            if row["study"] not in first["study"].split(" = "):
-                first["study"] += " = " + row["study"]
-            continue
-        seen[key] = row
         merged.append(row)
-    return merged
+    kept = []
+    for row in merged:  # a row whose runs are part of another's: drawn in that one
+        bigger = next((m for m in merged if m is not row and _part_of(row, m) and not _part_of(m, row)), None)
+        if bigger is None:
+            kept.append(row)
+        else:
+            seeds = sorted({seed for c in row["cells"] if c for seed in c["seeds"]})
+            what = "all three paths, " if row["variant"] == "all three paths" else ""
+            bigger["study"] += f" ⊃ {row['study']} ({what}seeds {_seed_list(seeds)})"
+    blocks = [b for b, _ in BLOCKS]
+    order = {id(r): i for i, r in enumerate(kept)}
+
+    def key(r):  # blocks in order; the deep block by pair, depth, then learning rate; others as read
+        within = (r["pair"], r["depth"] or 0, r["lr"] or 0) if r["block"] == "deep" else (order[id(r)],)
+        return (blocks.index(r["block"]),) + within
+    return sorted(kept, key=key)
+
+
+def _seed_list(seeds):
+    return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[-1] + 1)) \
+        else ", ".join(map(str, seeds))
 
 
 def row_label(row):
     depth = f"{row['depth']}+{row['depth']}" if row["kind"] != "mlm" else f"{row['depth']} layers"
     updates = f", {row['updates']} upd." if row["updates"] else ""
-    return f"{row['study']}: {row['pair']}, {depth}, lr {lr_label(row['lr'])}{updates}"
+    variant = f" ({row['variant']})" if row.get("variant") else ""
+    return f"{row['study']}{variant}: {row['pair']}, {depth}, lr {lr_label(row['lr'])}{updates}"
 
 
 def cell_text(cell):
+    n = len(cell["per_seed"])
     if cell.get("ci95"):
-        text = f"{cell['mean']:+.2f} [{cell['ci95'][0]:+.2f}, {cell['ci95'][1]:+.2f}]"
+        text = f"{cell['mean']:+.2f} [{cell['ci95'][0]:+.2f}, {cell['ci95'][1]:+.2f}], n={n}"
     else:
-        text = ", ".join(f"{d:+.2f}" for d in cell["per_seed"]) + (" (1 seed)" if len(cell["per_seed"]) == 1 else "")
+        text = ", ".join(f"{d:+.2f}" for d in cell["per_seed"]) + (" (1 seed)" if n == 1 else "")
     return text + ("  (both lagging)" if cell["failed"] else "")
 
 
-LABEL_OFFSET_PT = 13
+def _limits(cells):
+    """x-limits of a panel: every seed's value, mean and 0, and each interval's ends unless an end
+    lies beyond that range by more than half its width (one wide interval must not squeeze the
+    panel's other rows; it runs past the axis as an arrow, its ends printed). A panel with one
+    row keeps its whole interval."""
+    values = [0.0] + [v for c in cells for v in [*c["per_seed"], c["mean"]] if v is not None]
+    low, high = min(values), max(values)
+    allowance = 0.5 * max(high - low, 1e-9) if len(cells) > 1 else float("inf")
+    ends = [v for c in cells for v in c.get("ci95") or []]
+    low = min([low] + [v for v in ends if v >= low - allowance])
+    high = max([high] + [v for v in ends if v <= high + allowance])
+    span = max(high - low, 0.5 if len(cells) > 1 else 1e-9)
+    return low - 0.06 * span, high + 0.06 * span
 
 
-def _draw_cell(ax, y, cell, color):
-    """Draw one cell at row ``y``; returns its text label (anchored at the cell's rightmost x)."""
+def _draw_cell(ax, y, cell, color, limits, faint=False):
+    """Draw one cell at row ``y`` within ``limits`` (an interval running past them ends in an arrow)."""
     seeds = cell["per_seed"]
+    lo_lim, hi_lim = limits
+    alpha, size = (0.45, 4.5) if faint else (1.0, 6.5)
     if cell.get("ci95"):
         low, high = cell["ci95"]
         clear = low > 0 or high < 0
-        ax.plot([low, high], [y, y], color=color, lw=2.2, solid_capstyle="butt", zorder=2)
-        ax.plot([low, low], [y - 0.18, y + 0.18], color=color, lw=1.5, zorder=2)
-        ax.plot([high, high], [y - 0.18, y + 0.18], color=color, lw=1.5, zorder=2)
+        a, b = max(low, lo_lim), min(high, hi_lim)
+        ax.plot([a, b], [y, y], color=color, lw=2.2, solid_capstyle="butt", zorder=2, alpha=alpha)
+        for end, inside, marker in ((low, low >= lo_lim, "<"), (high, high <= hi_lim, ">")):
+            if inside:
+                ax.plot([end, end], [y - 0.18, y + 0.18], color=color, lw=1.5, zorder=2, alpha=alpha)
+            else:
+                ax.plot([lo_lim if marker == "<" else hi_lim], [y], marker, ms=7, color=color, zorder=3,
+                        clip_on=False)
         ax.plot([cell["mean"]], [y], "D", ms=7, color=color if clear else "white", mec=color, mew=1.6, zorder=3)
         ax.plot(seeds, [y] * len(seeds), "|", ms=9, color="0.35", zorder=4)
     else:
         if len(seeds) > 1:
-            ax.plot([min(seeds), max(seeds)], [y, y], color=color, lw=0.8, ls=":", zorder=2)
-        ax.plot(seeds, [y] * len(seeds), "o", ms=6.5, color="white", mec=color, mew=1.6, zorder=3)
-    x_text = max([*seeds, *(cell.get("ci95") or [])])
-    return ax.annotate(cell_text(cell), (x_text, y), xytext=(LABEL_OFFSET_PT, 0), textcoords="offset points",
-                       va="center", fontsize=8.5, color="0.15")
-
-
-def _right_limit(fig, low, labels, default):
-    """The smallest right x-limit, at least ``default``, with ``low`` on the left, at which every
-    label (drawn a fixed offset in points right of its anchor) ends inside its own axes."""
-    renderer = fig.canvas.get_renderer()
-    needed = [default]
-    for label in labels:
-        width = label.axes.get_window_extent(renderer).width
-        free = 1 - (label.get_window_extent(renderer).width + (LABEL_OFFSET_PT + 6) * fig.dpi / 72) / width
-        needed.append(low + (label.xy[0] - low) / max(free, 0.05))
-    return max(needed)
+            ax.plot([min(seeds), max(seeds)], [y, y], color=color, lw=0.8, ls=":", zorder=2, alpha=alpha)
+        ax.plot(seeds, [y] * len(seeds), "o", ms=size, color="white", mec=color, mew=1.4 if faint else 1.6,
+                zorder=3, alpha=alpha)
 
 
 def plot_summary(rows, path):
-    """Draw ``rows`` (``summary_rows``) into ``path``; the masked LM on its own axis below."""
+    """Draw ``rows`` (``summary_rows``) into ``path`` (``draw_summary``)."""
+    fig = draw_summary(rows)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    pyplot().close(fig)
+
+
+def draw_summary(rows):
+    """The figure of ``rows``: a block of axes per ``BLOCKS`` entry, each panel with a column of
+    its values' numbers beside it (``fig.text_columns``: ``[(plot axes, text axes, [texts])]``)."""
     plt = pyplot()
-    groups = [[r for r in rows if r["kind"] != "mlm"], [r for r in rows if r["kind"] == "mlm"]]
-    groups = [g for g in groups if g]
-    heights = [len(g) + 1.2 for g in groups]
-    fig, axes = plt.subplots(len(groups), 2, figsize=(15, 0.42 * sum(heights) + 1.8), squeeze=False,
-                             gridspec_kw={"height_ratios": heights, "hspace": 0.35, "wspace": 0.05})
+    text_columns = []
+    blocks = [(key, title, [r for r in rows if r["block"] == key]) for key, title in BLOCKS]
+    blocks = [b for b in blocks if b[2]]
+    heights = [len(group) + 1.1 for _, _, group in blocks]
+    fig, axes = plt.subplots(len(blocks), 4, figsize=(18, 0.36 * sum(heights) + 1.6), squeeze=False,
+                             gridspec_kw={"height_ratios": heights, "hspace": 0.5, "wspace": 0.02,
+                                          "width_ratios": [3.0, 2.0, 3.0, 2.0]})
     colors = ("#1f5fa8", "#c0561b")
-    for g, group in enumerate(groups):
-        unit = "accuracy points" if group[0]["kind"] == "mlm" else "BLEU"
-        values = [v for r in group for c in r["cells"] if c for v in [*c["per_seed"], *(c.get("ci95") or [])]]
-        low, high = min(values + [0.0]), max(values + [0.0])
-        span = max(high - low, 0.5)
-        labels = []
-        for col, (_, _, title) in enumerate(COMPARISONS):
-            ax = axes[g][col]
+    for g, (key, title, group) in enumerate(blocks):
+        unit = "accuracy points" if key == "mlm" else "BLEU"
+        faint = key == "sweep"
+        for col in range(2):
+            ax, text_ax = axes[g][2 * col], axes[g][2 * col + 1]
+            cells = [r["cells"][col] for r in group if r["cells"][col]]
+            if not cells:  # the study has no such backbone: one note instead of an empty panel
+                ax.axis("off")
+                text_ax.axis("off")
+                ax.text(0.0, 0.5, f"{COMPARISONS[col][2]}: not run in this study",
+                        transform=ax.transAxes, va="center", fontsize=9, color="0.5")
+                continue
+            limits = _limits(cells)
+            texts = []
+            text_columns.append((ax, text_ax, texts))
             ax.axvline(0, color="black", lw=1)
             for i, row in enumerate(group):
                 y = len(group) - i
-                if i % 2 == 0:
-                    ax.axhspan(y - 0.5, y + 0.5, color="0.94", zorder=0)
+                for a in (ax, text_ax):
+                    if i % 2 == 0:
+                        a.axhspan(y - 0.5, y + 0.5, color="0.94", zorder=0)
                 cell = row["cells"][col]
                 if cell is None:
-                    ax.text(0, y, " not run", va="center", fontsize=8, color="0.55")
-                else:
-                    labels.append(_draw_cell(ax, y, cell, colors[col]))
-            ax.set_ylim(0.4, len(group) + 0.6)
-            ax.set_xlabel(f"{title}, same seed ({unit})")
+                    empty = ("—" if row["kind"] == "ablation" else "not scored on this set" if row.get("variant")
+                             else "not run")
+                    text_ax.text(0.02, y, empty, va="center", fontsize=8.5, color="0.55")
+                    continue
+                _draw_cell(ax, y, cell, "0.45" if faint else colors[col], limits, faint)
+                texts.append(text_ax.text(0.02, y, cell_text(cell), va="center", fontsize=8.5,
+                                          color="0.45" if faint else "0.1", style="italic" if faint else "normal"))
+            for a in (ax, text_ax):
+                a.set_ylim(0.4, len(group) + 0.6)
+                a.set_yticks(range(1, len(group) + 1))
+                a.tick_params(axis="y", length=0)
+            ax.set_xlim(*limits)
+            ax.set_yticklabels([row_label(r) for r in reversed(group)] if col == 0 else [], fontsize=9,
+                               color="0.45" if faint else "black")
+            text_ax.set_yticklabels([])
+            text_ax.set_xlim(0, 1)
+            text_ax.set_xticks([])
+            for side in ("top", "right", "bottom"):
+                text_ax.spines[side].set_visible(False)
+            ax.set_xlabel(f"{COMPARISONS[col][2]}, same seed ({unit})", fontsize=8.5)
             ax.grid(axis="x", color="0.85", lw=0.6)
-            ax.set_yticks(range(1, len(group) + 1))
-            ax.set_yticklabels([row_label(r) for r in reversed(group)] if col == 0 else [], fontsize=9.5)
-            ax.tick_params(axis="y", length=0)
             if g == 0:
-                ax.set_title(title, fontsize=11, fontweight="bold")
-        # both columns share one scale, wide enough that no label runs past its panel
-        left = low - 0.08 * span
-        right = _right_limit(fig, left, labels, default=high + 0.42 * span)
-        for ax in axes[g]:
-            ax.set_xlim(left, right)
-    fig.suptitle("Seed-paired differences, every study (results/*.json). ◆ mean with its 95% interval "
-                 "(filled: excludes 0; | each seed); ○ each seed where there are one or two", fontsize=10, y=0.995)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+                ax.set_title(COLUMN_TITLES[col], fontsize=11, fontweight="bold", loc="left", pad=20)
+        axes[g][0].annotate(title, (0, 1), xycoords="axes fraction", xytext=(0, 4), textcoords="offset points",
+                            fontsize=9.5, fontweight="bold", color="0.3", ha="left", va="bottom",
+                            annotation_clip=False)
+    fig.suptitle("Seed-paired differences, every study (results/*.json): ◆ mean with its 95% interval (filled: "
+                 "excludes 0; | each seed; ▶ the interval runs on, its ends printed); ○ each seed where there are "
+                 "one or two", fontsize=10, y=0.998)
+    fig.text_columns = text_columns
+    return fig
 
 
 def write_summary(folder, log=print):
