@@ -5,6 +5,7 @@ import os
 import sys
 
 from ...errors import ConfigError
+from ...fairseq_fixes_switch import install_fairseq_fixes
 from ...modules.residual_attention import KERNELS
 from .runner import GpuCheck
 from .settings import DEFAULT_OUT, DRY_RUN_OUT, PRECISIONS, STEPS
@@ -56,6 +57,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    install_fairseq_fixes()  # the ddp step loads checkpoints in this process
     try:
         ctx = GpuCheck(args.out, args.work, args.dry_run, args.jobs, args.force,
                        kernels=args.kernels, precisions=args.precisions)
