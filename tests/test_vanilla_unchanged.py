@@ -355,9 +355,12 @@ def test_a_mistyped_arch_gets_fairseqs_own_answer_unless_the_fixes_are_on(user_r
     alone, plugin, fixes = (runs["typo", f] for f in FLAVOURS)
     assert alone.returncode == plugin.returncode == 2
     assert "invalid choice: 'transfomer'" in alone.stderr and len(alone.stderr.splitlines()) > 50
-    # the same usage and message; only the list of choices also names the plugin's architectures
-    plugins_archs = re.compile(r"realformer_\w+, ")
-    assert plugins_archs.sub("", plugin.stderr) == alone.stderr
+    # the same usage and message, word for word, but for the names the plugin registered in
+    # fairseq's lists of choices (its architectures, criterions and --bpe wordpiece)
+    registered = re.compile(r",(?:masked_lm_acc|masked_lm_nsp|wordpiece|realformer_\w+)(?=[,}])"
+                            r"|(?<=[{,])realformer_\w+,|, 'realformer_\w+'")
+    assert registered.search(plugin.stderr)
+    assert registered.sub("", plugin.stderr) == alone.stderr
     assert fixes.returncode == 1
     ours = [line for line in fixes.stderr.splitlines() if line.strip()]
     assert ours[-1].startswith("realformer_nmt: error: --arch 'transfomer' is not a registered architecture")
