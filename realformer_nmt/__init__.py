@@ -1,29 +1,22 @@
 """RealFormer (residual attention) for fairseq.
 
 Importing this package, or passing ``--user-dir realformer_nmt`` to a fairseq CLI,
-registers the RealFormer models and architectures and installs the fixes to fairseq
-0.12 itself (``realformer_tools.fairseq_fixes``: safe checkpoint loading, atomic checkpoint
-copies, no dropped batches, ...).
+registers the RealFormer models and architectures (``models/``), the ``masked_lm_nsp``
+task (``tasks/``) and its criterions (``criterions/``), and changes nothing else in the
+process. The fixes to fairseq 0.12 itself (``realformer_tools.fairseq_fixes``: safe checkpoint
+loading, atomic checkpoint copies, one-line errors, ...) are opt-in: ``REALFORMER_NMT_FAIRSEQ_FIXES=1``
+(and ``REALFORMER_NMT_DATA_FIXES=1`` for the two that change what fairseq trains on), or
+:func:`install_fairseq_fixes`; see ``fairseq_fixes_switch`` and docs/reliability.md.
 
 This package is the plugin: ``modules/`` (the residual attention rule and the layers),
 ``models/`` (the registered models), ``tasks/`` and ``criterions/``. The tools (commands,
-corpora, comparisons, conversion, export) are the ``realformer_tools`` package beside it.
+corpora, comparisons, conversion, export, the fairseq fixes) are the ``realformer_tools``
+package beside it, which the plugin imports only when a switch asks for the fixes.
 """
 
-from ._import_logging import root_logging_unchanged
-from .errors import install_excepthook
+from . import criterions, models, tasks  # noqa: F401  (register the models, the task and the criterions)
+from .fairseq_fixes_switch import install_asked, install_fairseq_fixes  # noqa: F401
 
-install_excepthook()
-
-with root_logging_unchanged():  # fairseq's imports configure the root logger (see _import_logging)
-    from realformer_tools import fairseq_fixes as fairseq_patches  # noqa: E402
-    from . import residual_config  # noqa: E402
-
-    fairseq_patches.install_all()
-    if residual_config.tag_checkpoint not in fairseq_patches.safe_checkpoint_loading.AFTER_LOAD_HOOKS:
-        fairseq_patches.safe_checkpoint_loading.AFTER_LOAD_HOOKS.append(residual_config.tag_checkpoint)
-
-    from . import models  # noqa: E402,F401  (registers the models and architectures)
-    from . import criterions, tasks  # noqa: E402,F401  (registers the pre-training objectives)
+install_asked()  # nothing unless REALFORMER_NMT_FAIRSEQ_FIXES / REALFORMER_NMT_DATA_FIXES ask for fixes
 
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@ import argparse
 import logging
 from typing import FrozenSet, NamedTuple, Optional
 
-from .errors import ConfigError, FlagValueError
+from .errors import ConfigError, FlagValueError, one_line_errors
 from .modules.residual_attention import KERNELS, RESIDUAL_MODES
 
 PATHS = ("encoder", "decoder", "cross")
@@ -91,21 +91,7 @@ def resolve(cfg, available=PATHS) -> ResidualSettings:
     return ResidualSettings(paths, mode, kernel)
 
 
-def in_checkpoint(state) -> Optional[ResidualSettings]:
-    """The settings a loaded checkpoint was trained with; vanilla ``transformer``
-    checkpoints count as paths ``none``. None when the checkpoint holds no model config."""
-    cfg = state.get("cfg")
-    model_cfg = cfg.get("model") if cfg is not None else None
-    if model_cfg is None:
-        model_cfg = state.get("args")
-    if model_cfg is None:
-        return None
-    if getattr(model_cfg, "residual_attention_paths", None) is None:
-        return ResidualSettings(frozenset(), DEFAULT_MODE)
-    return resolve(model_cfg)
-
-
-def warn_if_changed(source: Optional[ResidualSettings], target: ResidualSettings, what="checkpoint"):
+def warn_if_changed(source: Optional[ResidualSettings], target: ResidualSettings, what="The checkpoint being loaded"):
     """Log what changes when weights trained under ``source`` run under ``target``."""
     if source is None or source.function() == target.function():
         return
@@ -122,26 +108,39 @@ def warn_if_changed(source: Optional[ResidualSettings], target: ResidualSettings
         )
 
 
-CHECKPOINT_TAG = "realformer_trained_with"
+CHECKPOINT_NOTE = "realformer_residual_attention"
 
 
-def tag_checkpoint(state, path):
-    """Note on ``state["model"]`` what the checkpoint was trained with, so the model
-    it is loaded into can say what changed (see ``load_state_dict``). Plain strings
-    only: the state may be re-pickled (broadcast to other ranks, weights-only)."""
-    model_state = state.get("model")
-    settings = in_checkpoint(state)
-    if settings is not None and hasattr(model_state, "__dict__"):
-        setattr(model_state, CHECKPOINT_TAG, (format_paths(settings.paths), settings.mode, str(path)))
+def note_settings(model, state_dict, prefix, local_metadata):
+    """``state_dict`` post-hook of the RealFormer models: notes ``model.residual`` (paths and
+    mode, one plain string) in the state dict's metadata (``state_dict._metadata``, which
+    torch keeps for each module and fairseq saves with the weights), so that the model a
+    checkpoint is loaded into can say what changed (``load_state_dict``). The parameters
+    are fairseq's, so checkpoints still move both ways between ``realformer_*`` and
+    ``transformer`` / ``roberta``."""
+    settings = model.residual
+    local_metadata[CHECKPOINT_NOTE] = f"{format_paths(settings.paths)};{settings.mode}"
 
 
-def tagged_settings(state_dict):
-    """``(ResidualSettings, checkpoint path)`` noted by ``tag_checkpoint``, or None."""
-    tag = getattr(state_dict, CHECKPOINT_TAG, None)
-    if tag is None:
-        return None
-    paths, mode, path = tag
-    return ResidualSettings(parse_paths(paths), mode), path
+def noted_settings(state_dict) -> Optional[ResidualSettings]:
+    """The settings ``note_settings`` noted in ``state_dict``, or None (a state dict saved by
+    another model, by realformer-nmt before it noted them, or rebuilt without metadata)."""
+    metadata = getattr(state_dict, "_metadata", None) or {}
+    for local in metadata.values():
+        note = local.get(CHECKPOINT_NOTE) if isinstance(local, dict) else None
+        if isinstance(note, str) and note.count(";") == 1:
+            paths, mode = note.split(";")
+            try:
+                return ResidualSettings(parse_paths(paths), parse_mode(mode))
+            except ConfigError:
+                return None
+    return None
+
+
+def warn_on_load(model, state_dict):
+    """In a RealFormer model's ``load_state_dict``: warn when ``state_dict`` was noted with
+    other residual settings than ``model`` computes with."""
+    warn_if_changed(noted_settings(state_dict), model.residual)
 
 
 def default_paths(args) -> str:
@@ -151,14 +150,17 @@ def default_paths(args) -> str:
 
 
 def _argparse_type(parse, canonical=lambda v: v):
-    """argparse ``type`` for a plugin flag: a bad value raises ``FlagValueError``, which
-    argparse lets through, so the CLI prints one line naming the flag (``errors``) instead
-    of fairseq's full usage followed by argparse's error."""
+    """argparse ``type`` for a plugin flag. With the one-line error hook installed (the
+    fixes to fairseq, ``errors``), a bad value raises ``FlagValueError``, which argparse lets
+    through, so the CLI prints one line naming the flag instead of fairseq's full usage
+    followed by argparse's error; without it, argparse's own error, as for any flag."""
     def convert(value):
         try:
             return canonical(parse(value))
         except ConfigError as e:
-            raise FlagValueError(str(e)) from None
+            if one_line_errors():
+                raise FlagValueError(str(e)) from None
+            raise argparse.ArgumentTypeError(str(e)) from None
     convert.__name__ = parse.__name__
     return convert
 

@@ -1,4 +1,6 @@
-"""fairseq_patches: installed from one place, once; the numpy 2 alias fix."""
+"""realformer_tools.fairseq_fixes: installed from one place, once (the suite runs with
+``REALFORMER_NMT_FAIRSEQ_FIXES=1`` and ``REALFORMER_NMT_DATA_FIXES=1``, tests/conftest.py);
+the numpy 2 alias fix."""
 
 import atexit
 
@@ -58,7 +60,7 @@ def replaced_objects():
 
 
 def test_install_all_again_replaces_nothing():
-    """``import realformer_nmt`` installed every patch; installing again (twice) leaves
+    """``import realformer_nmt`` with both switches on installed every patch; installing again (twice) leaves
     every replaced object as it is: no second wrapper, no second exit hook, no second
     allow-list entry."""
     # the patches are in place (an install_all that did nothing would pass trivially below)
@@ -119,28 +121,29 @@ def test_batch_buckets_under_numpy_2():
     assert len(ds.buckets) >= 1 and all(n >= 3 for _, n in ds.buckets)
 
 
-def test_importing_the_plugin_leaves_root_logging_alone():
-    """fairseq's imports call logging.basicConfig (DEBUG, INFO) and print INFO lines; a program
-    that only imports realformer_nmt gets neither, and one that configured logging keeps it."""
+def test_a_program_that_configured_logging_keeps_it():
+    """fairseq's imports call logging.basicConfig (DEBUG, INFO), which does nothing where a
+    program configured logging first, as every fairseq-* command does before ``--user-dir``
+    loads the plugin: importing realformer_nmt, with the fixes or without, leaves it so.
+    (What a bare import does to the root logger, that is fairseq's imports' doing, is in
+    tests/test_import_changes_nothing.py.)"""
     import os
     import subprocess
     import sys
 
-    code = ("import logging, realformer_nmt; root = logging.getLogger(); "
-            "print(len(root.handlers), logging.getLevelName(root.level))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["0", "WARNING"] and proc.stderr == "", (proc.stdout, proc.stderr)
+    from realformer_nmt.fairseq_fixes_switch import FIXES_SWITCH
+
     configured = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
                   "import realformer_nmt; root = logging.getLogger(); "
                   "print(len(root.handlers), logging.getLevelName(root.level))")
-    proc = subprocess.run([sys.executable, "-c", configured], capture_output=True, text=True, timeout=300,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert proc.stdout.strip().splitlines()[-1] == "1 INFO", proc.stdout
-    # fairseq's import-time "Please install tensorboardX" (a speech task's INFO line) is not printed, also
-    # where fairseq is imported with INFO logging on before any plugin loads, as every fairseq-* command does
-    assert "Please install tensorboardX" not in proc.stdout + proc.stderr
+    for switch in ("0", "1"):
+        proc = subprocess.run([sys.executable, "-c", configured], capture_output=True, text=True, timeout=300,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              env=dict(os.environ, **{FIXES_SWITCH: switch}))
+        assert proc.stdout.strip().splitlines()[-1] == "1 INFO", proc.stdout
+        # fairseq's import-time "Please install tensorboardX" (a speech task's INFO line) is not printed, also
+        # where fairseq is imported with INFO logging on before any plugin loads, as every fairseq-* command does
+        assert "Please install tensorboardX" not in proc.stdout + proc.stderr
     fairseq_cli = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
                    "import fairseq.tasks, fairseq.models; print('imported')")
     proc = subprocess.run([sys.executable, "-c", fairseq_cli], capture_output=True, text=True, timeout=300)

@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO
 
 from realformer_nmt.errors import ConfigError
+from realformer_nmt.fairseq_fixes_switch import FIXES_SWITCH
 from realformer_tools.experiments import compare, fairseq_runs
 from realformer_tools.experiments.translation import imports, runs
 from realformer_tools.fairseq_fixes import SWITCH
@@ -45,6 +46,7 @@ def test_runs_train_and_decode_with_the_switch_on_whatever_the_environment(tmp_p
     result = runs.run_one(str(tmp_path / "data"), "refs", "postln", compare.Recipe(max_update=4), 1, str(run_dir),
                           log=lambda m: None)
     assert seen["train"][SWITCH] == "1" and seen["generate"][SWITCH] == "1"
+    assert seen["train"][FIXES_SWITCH] == "1" and seen["generate"][FIXES_SWITCH] == "1"  # the fixes to fairseq too
     assert result["environment"] == {SWITCH: "1"}
     assert json.loads((run_dir / "result.json").read_text())["environment"] == {SWITCH: "1"}
 

@@ -20,10 +20,10 @@ PLUGIN, TOOLS = "realformer_nmt", "realformer_tools"
 # with fairseq-fixed has them: the plugin's own code must not import them (checked statically).
 TOOLS_ONLY = ("sacremoses", "subword_nmt", "tensorboardX", "matplotlib", "transformers", "sentencepiece")
 FAIRSEQS_OWN = ("scipy", "sacrebleu")
-# The plugin's imports of the tools that issue 48 §1 takes out (the fixes to fairseq become
-# opt-in; importing the plugin installs none of them). Until then the plugin's __init__ installs
-# them from their new place. Once §1 has landed this set is empty, and the tests below say so.
-PLUGIN_IMPORTS_OF_TOOLS_PENDING_48_1 = {("realformer_nmt/__init__.py", "realformer_tools.fairseq_fixes")}
+# The plugin's one import of the tools: the fixes to fairseq, imported lazily by the switch module
+# only when REALFORMER_NMT_FAIRSEQ_FIXES / REALFORMER_NMT_DATA_FIXES ask for them (or a program
+# calls install_fairseq_fixes). With the switches off the plugin loads nothing of the tools.
+OPT_IN_IMPORTS = {("realformer_nmt/fairseq_fixes_switch.py", "realformer_tools.fairseq_fixes")}
 
 
 def _modules(package):
@@ -139,16 +139,13 @@ def test_the_plugin_never_imports_the_tools():
     graph, known = _graph(PLUGIN)
     found = {(str(known[name][0].relative_to(REPO)), target)
              for name, targets in graph.items() for target in targets if target.split(".")[0] == TOOLS}
-    pending = {(path, target) for path, target in found
-               if any(path == p and target.startswith(t) for p, t in PLUGIN_IMPORTS_OF_TOOLS_PENDING_48_1)}
-    assert found == pending, f"the plugin imports the tools: {sorted(found - pending)}"
-    assert {(p, t) for p, t in PLUGIN_IMPORTS_OF_TOOLS_PENDING_48_1
-            if any(p == fp and ft.startswith(t) for fp, ft in found)} == PLUGIN_IMPORTS_OF_TOOLS_PENDING_48_1, \
-        "the plugin no longer imports the fixes (issue 48 §1 landed): empty PLUGIN_IMPORTS_OF_TOOLS_PENDING_48_1"
+    opt_in = {(path, target) for path, target in found
+              if any(path == p and target.startswith(t) for p, t in OPT_IN_IMPORTS)}
+    assert found == opt_in, f"the plugin imports the tools: {sorted(found - opt_in)}"
 
 
-# The plugin imported in a fresh Python where every tools-only package (and the tools
-# package beyond what PLUGIN_IMPORTS_OF_TOOLS_PENDING_48_1 allows) raises ImportError.
+# The plugin imported in a fresh Python (the fixes switches off) where every tools-only package
+# and the tools package itself raise ImportError.
 BLOCKED_IMPORT = r"""
 import importlib.abc, json, sys
 blocked, allowed = json.loads(sys.argv[1]), json.loads(sys.argv[2])
@@ -183,8 +180,9 @@ print(json.dumps({
 
 
 def test_the_plugin_registers_without_the_tools_dependencies(tmp_path):
-    allowed = sorted({target for _, target in PLUGIN_IMPORTS_OF_TOOLS_PENDING_48_1})
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in sys.path if p]))
+    allowed = []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in sys.path if p]),
+               REALFORMER_NMT_FAIRSEQ_FIXES="0", REALFORMER_NMT_DATA_FIXES="0")
     proc = subprocess.run([sys.executable, "-c", BLOCKED_IMPORT, json.dumps(list(TOOLS_ONLY) + [TOOLS]),
                            json.dumps(allowed)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -192,9 +190,7 @@ def test_the_plugin_registers_without_the_tools_dependencies(tmp_path):
     assert out["models"] == ["realformer_bert", "realformer_transformer"]
     assert {"realformer_transformer", "realformer_bert_base", "realformer_bert_small"} <= set(out["archs"])
     assert out["task"] and out["criterions"] == ["masked_lm_acc", "masked_lm_nsp"] and out["wordpiece"]
-    # of the tools, at most what the pending imports allow was loaded
-    assert all(any(m == a or m.startswith(a + ".") or a.startswith(m + ".") for a in allowed)
-               for m in out["tools_loaded"]), out["tools_loaded"]
+    assert out["tools_loaded"] == []
 
 
 def test_the_blocking_finder_does_block(tmp_path):

@@ -1,10 +1,13 @@
 """Pre-training data that must change every epoch does, whatever ``--num-workers``:
 
-* the ``masked_lm_nsp`` pairs and masks, and fairseq's own ``--task masked_lm`` masks
-  (RoBERTa's dynamic masking), are redrawn each epoch with DataLoader workers as without,
-  and each epoch's draw with workers equals the draw without them
-  (``fairseq_fixes.epoch_workers``; without it, workers serve epoch 1's draw forever);
-* the same through ``fairseq-train`` (a probe criterion hashes every training sample);
+* the ``masked_lm_nsp`` pairs and masks are redrawn each epoch with DataLoader workers as
+  without, and each epoch's draw with workers equals the draw without them, by the task
+  itself (its datasets cannot reuse an epoch's batch iterator): with the fixes to fairseq
+  off as well as on;
+* fairseq's own ``--task masked_lm`` masks (RoBERTa's dynamic masking) too, with the data
+  fix ``fairseq_fixes.epoch_workers`` (without it, workers serve epoch 1's draw forever);
+* the same through ``fairseq-train`` (a probe criterion hashes every training sample;
+  ``masked_lm_nsp`` with both switches off, fairseq's defaults);
 * only there: ``--task translation`` keeps its DataLoader workers across epochs (its items
   do not change), while ``masked_lm`` and ``masked_lm_nsp`` get new ones each epoch;
 * a sentence pair holds no ``</s>`` but its two separators: a line's own ``</s>`` is not
@@ -24,6 +27,7 @@ from conftest import BIN, cli_env
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 
 from realformer_nmt.errors import DataError
+from realformer_nmt.fairseq_fixes_switch import DATA_FIXES_SWITCH, FIXES_SWITCH
 from realformer_nmt.tasks.masked_lm_nsp import MaskedLMNextSentenceTask, MaskedLMNSPConfig
 from realformer_nmt.tasks.next_sentence_pairs import NextSentencePairsDataset
 from realformer_tools.data import pretraining
@@ -96,6 +100,25 @@ def test_workers_redraw_every_epoch_as_the_main_process_does(short_lines, make_t
         assert epoch_draws(make_task(short_lines), num_workers=workers) == reference, f"--num-workers {workers}"
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_masked_lm_nsp_redraws_every_epoch_without_the_data_fix(short_lines, workers):
+    """Our own task is right by default: with ``epoch_workers`` uninstalled (fairseq's own
+    iterators), the batches of epochs 1-3 differ with ``--num-workers`` 1 and 2, and are what
+    the main process alone draws."""
+    task = nsp_task(short_lines)
+    assert not task.can_reuse_epoch_itr(task.dataset("train"))
+    epoch_workers.uninstall()
+    try:
+        draws = epoch_draws(task, num_workers=workers)
+        reference = epoch_draws(nsp_task(short_lines), num_workers=0)
+    finally:
+        epoch_workers.install()
+    assert draws == reference
+    for epoch in (1, 2):
+        changed = sum(draws[epoch][i] != draws[0][i] for i in draws[0])
+        assert changed > 0.9 * len(draws[0]), f"epoch {epoch + 1}: only {changed} samples changed"
+
+
 def test_fairseq_alone_serves_the_first_epochs_draw_to_workers(short_lines):
     """How to tell the patch is no longer needed: this fails once fairseq is fixed."""
     epoch_workers.uninstall()
@@ -152,6 +175,8 @@ def probe_run(data, tmp_path, task, workers):
     criterion = "masked_lm_nsp_probe" if task == "masked_lm_nsp" else "masked_lm_acc_probe"
     extra = ["--sample-break-mode", "complete"] if task == "masked_lm" else []
     env = dict(cli_env(), EPOCH_PROBE_OUT=str(out))
+    if task == "masked_lm_nsp":  # right by default: plain fairseq-train, no fixes
+        env.update({FIXES_SWITCH: "0", DATA_FIXES_SWITCH: "0"})
     proc = subprocess.run(
         [str(BIN / "fairseq-train"), str(data), "--user-dir", PROBE, "--task", task, "--criterion", criterion,
          "--arch", "realformer_bert_small", "--encoder-layers", "1", "--encoder-embed-dim", "16",

@@ -21,12 +21,12 @@ import pytest
 import torch
 from conftest import BIN, REPO, USER_DIR, cli_env, trains
 
-import realformer_nmt  # noqa: F401  (allow-lists fairseq's types, wraps the loader)
+import realformer_nmt  # noqa: F401  (with REALFORMER_NMT_FAIRSEQ_FIXES=1, tests/conftest.py: wraps the loader)
 from realformer_nmt.errors import CheckpointFileError, UnsafeCheckpointError
 from realformer_tools.fairseq_fixes import safe_checkpoint_loading as checkpoint_safety
 from realformer_tools.fairseq_fixes.safe_checkpoint_loading import (
     FAIRSEQ_CHECKPOINT_GLOBALS,
-    allow_fairseq_checkpoint_types,
+    fairseq_checkpoint_types,
     install_safe_checkpoint_loading,
 )
 
@@ -128,10 +128,15 @@ def trained(work, data_bin):
     return checkpoint
 
 
+def plain_load(path):
+    """torch.load, weights-only by default, with fairseq's types allowed for this load only."""
+    with fairseq_checkpoint_types():
+        return torch.load(path, map_location="cpu")
+
+
 @pytest.fixture(scope="module")
 def state(trained):
-    # plain torch.load, weights-only by default: works because of the allow-list
-    return torch.load(trained, map_location="cpu")
+    return plain_load(trained)
 
 
 def _variant(work, state, name, **extra_state):
@@ -215,7 +220,8 @@ def test_trained_checkpoint_holds_the_types_we_allow_list(trained):
     names = _pickle_globals(trained)
     assert "argparse.Namespace" in names  # legacy-flag cfg.model
     assert "numpy.ndarray" in names  # --eval-bleu meters
-    assert torch.serialization.get_unsafe_globals_in_checkpoint(str(trained)) == []
+    with fairseq_checkpoint_types():
+        assert torch.serialization.get_unsafe_globals_in_checkpoint(str(trained)) == []
 
 
 @pytest.mark.slow
@@ -240,7 +246,7 @@ def test_load_model_ensemble_and_task_in_process(trained, data_bin):
         [str(trained)], arg_overrides={"data": str(data_bin)}
     )
     assert len(models) == 1 and cfg.model._name == "transformer"
-    meters = dict((m[1], m[3]) for m in torch.load(trained)["extra_state"]["metrics"]["valid"])
+    meters = dict((m[1], m[3]) for m in plain_load(trained)["extra_state"]["metrics"]["valid"])
     counts = meters["_bleu_counts"]["sum"]
     assert isinstance(counts, np.ndarray) and counts.dtype == np.int64
 
@@ -254,20 +260,47 @@ def test_hub_interface_from_pretrained(trained, data_bin):
     assert isinstance(hub.translate("a b c", beam=1, max_len_b=5), str)
 
 
-def test_torch_load_of_namespace_state_after_import(tmp_path):
+def test_fairseqs_types_are_allowed_for_the_load_only(tmp_path, monkeypatch):
+    """The allow-list grows for the duration of a checkpoint load and no longer: any other
+    ``torch.load`` in the process gets torch's own answer (a Namespace refused), and loading
+    changes no environment variable."""
+    from fairseq import checkpoint_utils
+
     path = tmp_path / "ns.pt"
-    torch.save({"args": argparse.Namespace(arch="transformer", lr=[0.1]),
-                "model": {"w": torch.ones(2)}}, path)
-    loaded = torch.load(path, weights_only=True)
-    assert loaded["args"].arch == "transformer" and loaded["args"].lr == [0.1]
+    torch.save({"cfg": {"model": argparse.Namespace(arch="transformer", lr=[0.1])}, "model": {"w": torch.ones(2)},
+                "optimizer_history": [{"num_updates": 0, "optimizer_name": "adam", "lr_scheduler_state": {}}],
+                "extra_state": {"train_iterator": {"epoch": 1}}}, path)
+    allowed, environ = torch.serialization.get_safe_globals(), dict(os.environ)
+    with pytest.raises(pickle.UnpicklingError, match="argparse.Namespace"):
+        torch.load(path, weights_only=True)
+    real_load, seen = torch.load, []
+
+    def spying_load(*args, **kwargs):
+        seen.append((len(torch.serialization.get_safe_globals()), dict(os.environ)))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spying_load)
+    loaded = checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert loaded["cfg"].model.arch == "transformer" and loaded["cfg"].model.lr == [0.1]
     assert torch.equal(loaded["model"]["w"], torch.ones(2))
+    assert seen == [(len(allowed) + len(FAIRSEQ_CHECKPOINT_GLOBALS), environ)]  # allowed while loading
+    assert set(torch.serialization.get_safe_globals()) == set(allowed) and dict(os.environ) == environ
+    # an entry the program had allowed itself stays allowed after a load
+    monkeypatch.setattr(torch, "load", real_load)
+    torch.serialization.add_safe_globals([argparse.Namespace])
+    try:
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+        assert argparse.Namespace in torch.serialization.get_safe_globals()
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(allowed)
 
 
 def test_numpy_values_round_trip_as_plain_numpy(tmp_path):
     values = {"f": np.float64(1.5), "i": np.int64(3), "b": np.bool_(True),
               "a": np.arange(6, dtype=np.int32).reshape(2, 3), "g": np.ones(2, ">f4")}
     torch.save(values, tmp_path / "np.pt")
-    loaded = torch.load(tmp_path / "np.pt")
+    loaded = plain_load(tmp_path / "np.pt")
     for key, value in values.items():
         # same values and dtype as plain pickle gives (numpy unpickles '>f4' as native)
         assert np.array_equal(loaded[key], value)
@@ -463,13 +496,12 @@ def test_install_is_idempotent():
 
     before = checkpoint_utils.load_checkpoint_to_cpu
     count = len(torch.serialization.get_safe_globals())
-    allow_fairseq_checkpoint_types()
     install_safe_checkpoint_loading()
     fairseq_patches.install_all()
     assert checkpoint_utils.load_checkpoint_to_cpu is before
     assert before.__realformer_safe__
     assert not getattr(before.__wrapped__, "__realformer_safe__", False)  # wrapped once
-    assert len(torch.serialization.get_safe_globals()) == count  # nothing allow-listed twice
+    assert len(torch.serialization.get_safe_globals()) == count  # nothing allow-listed process-wide
 
 
 def test_nothing_in_the_repo_disables_weights_only():

@@ -32,10 +32,11 @@ What it does not guarantee:
 Kills at any moment, including during checkpoint saves, must leave a loadable
 ``checkpoint_last.pt``: fairseq renames its first checkpoint into place atomically but
 copies it onto ``checkpoint_last.pt``/``checkpoint_best.pt`` in place;
-``realformer_tools.fairseq_fixes.atomic_checkpoint_copies`` (installed by ``import realformer_nmt``) makes those
-copies atomic. The copy is killed at a known moment through that module's test hook (the
-copy announces itself in the log and waits); the kill times of the other tests come from
-seeded random generators.
+``realformer_tools.fairseq_fixes.atomic_checkpoint_copies`` (one of the fixes
+``REALFORMER_NMT_FAIRSEQ_FIXES=1`` installs; the suite runs with it) makes those copies
+atomic. The copy is killed at a known moment through a test-only ``sitecustomize``
+(``tests/pause_copy``: the copy announces itself in the log and waits); the kill times of
+the other tests come from seeded random generators.
 """
 
 import errno
@@ -55,9 +56,13 @@ from cli_helpers import TINY_FLAGS
 from conftest import BIN, USER_DIR, cli_env, trains
 from fairseq import file_io
 from fairseq.file_io import PathManager
+from pause_copy.sitecustomize import FOLDER as PAUSE_FOLDER
+from pause_copy.sitecustomize import PAUSE_ENV, PAUSE_MARKER
 
+from realformer_nmt.fairseq_fixes_switch import FIXES_SWITCH
 from realformer_tools import fairseq_fixes as fairseq_patches
 from realformer_tools.fairseq_fixes import atomic_checkpoint_copies as atomic_checkpoints
+from realformer_tools.fairseq_fixes import safe_checkpoint_loading
 
 MAX_UPDATE = 40
 # Bigger than TINY_FLAGS' model (8 MB checkpoints) and one sentence per update, so that
@@ -109,7 +114,8 @@ def num_updates(state):
 
 
 def load(path):
-    return torch.load(path)  # weights_only, through the plugin's allow-list
+    with safe_checkpoint_loading.fairseq_checkpoint_types():  # weights-only, fairseq's types allowed
+        return torch.load(path)
 
 
 def compare(a, b):
@@ -218,15 +224,16 @@ def test_remote_paths_fall_through_to_fairseqs_copy(tmp_path, monkeypatch):
     assert calls == [("mem://a/checkpoint_1_5.pt", "mem://a/checkpoint_last.pt")]
 
 
-def test_plugin_import_installs_the_atomic_copy():
-    """What --user-dir does in the CLI process: a fresh interpreter, ``import realformer_nmt``."""
+def test_the_fixes_switch_installs_the_atomic_copy():
+    """What --user-dir does in the CLI process: a fresh interpreter, ``import realformer_nmt``;
+    the atomic copy is there with ``REALFORMER_NMT_FAIRSEQ_FIXES=1``, fairseq's own copy without."""
     code = ("import realformer_nmt; from fairseq.file_io import PathManager; "
             "print(getattr(PathManager.copy, '__realformer_atomic__', False))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=cli_env(), timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "True", (
-        "realformer_nmt/__init__.py must install fairseq_patches.atomic_checkpoint_copies")
+    for switch, expected in (("1", "True"), ("0", "False")):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=dict(cli_env(), **{FIXES_SWITCH: switch}), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip().splitlines()[-1] == expected, (switch, proc.stdout)
 
 
 # --------------------------------------------------------------------------------------
@@ -270,14 +277,15 @@ def test_killed_training_resumes_and_matches_uninterrupted_run(data_bin, tmp_pat
 def test_kill_during_the_copy_onto_checkpoint_last_keeps_the_previous_checkpoint(data_bin, tmp_path, reference):
     """Kill -9 exactly while fairseq copies a new checkpoint onto an existing
     ``checkpoint_last.pt`` (the copy fairseq's own ``PathManager.copy`` does in place,
-    truncating the file first). The copy module's test hook announces that moment in the
+    truncating the file first). The test-only hook (``tests/pause_copy``) announces that moment in the
     log -- the second save, at update 10, once the copy's data is written and before it
     is committed -- and waits there to be killed."""
     cmd = train_cmd(data_bin, tmp_path, "--save-interval-updates", 5)
     log_path = tmp_path / "killed.log"
-    proc = start(cmd, log_path, env={atomic_checkpoints.PAUSE_ENV: "checkpoint_last.pt"})
+    python_path = os.pathsep.join(p for p in (PAUSE_FOLDER, cli_env().get("PYTHONPATH")) if p)
+    proc = start(cmd, log_path, env={PAUSE_ENV: "checkpoint_last.pt", "PYTHONPATH": python_path})
     try:
-        wait_for_line(proc, log_path, atomic_checkpoints.PAUSE_MARKER)
+        wait_for_line(proc, log_path, PAUSE_MARKER)
     except BaseException:
         proc.kill()  # never leave a paused fairseq-train behind
         proc.wait()
@@ -285,7 +293,7 @@ def test_kill_during_the_copy_onto_checkpoint_last_keeps_the_previous_checkpoint
     kill(proc)
 
     last = tmp_path / "checkpoint_last.pt"
-    assert f"{atomic_checkpoints.PAUSE_MARKER} {last}" in log_path.read_text()
+    assert f"{PAUSE_MARKER} {last}" in log_path.read_text()
     # killed mid-copy: checkpoint_last.pt is the whole previous save, the new checkpoint it
     # was being replaced by is complete, and the copy's temporary file is what is left over
     assert num_updates(load(last)) == 5

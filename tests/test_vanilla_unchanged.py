@@ -4,22 +4,44 @@ fairseq's own ``transformer`` (translation, Multi30k words) and ``roberta`` (mas
 WikiText-2, one DataLoader worker) train 2 epochs through the real ``fairseq-train``,
 without and with ``--user-dir realformer_nmt``: with ``REALFORMER_NMT_DATA_FIXES`` off,
 every JSON log line (train_inner, train, valid) has the same loss, nll_loss, wpb, bsz,
-update count, learning rate and gradient norm. The always-on fixes are installed in the
-runs with the plugin, so this also shows that they change no number. With the switch on,
-the data fixes do act (more sentences per epoch, new masks in epoch 2) and the log says
-so once. The corpora are cut to sizes that are not multiples of 8, where fairseq drops
-sentences.
+update count, learning rate and gradient norm. The runs with the plugin have the fixes to
+fairseq on (``REALFORMER_NMT_FAIRSEQ_FIXES=1``), so this also shows that they change no
+training number. With the data switch on, the data fixes do act (more sentences per epoch,
+new masks in epoch 2) and the log says so once. The corpora are cut to sizes that are not
+multiples of 8, where fairseq drops sentences.
+
+What else a fairseq user runs, on one tiny ``transformer``, in three ways: fairseq alone,
+with ``--user-dir realformer_nmt`` (both switches unset) and with the plugin and
+``REALFORMER_NMT_FAIRSEQ_FIXES=1``: training that saves checkpoints with two DataLoader
+workers, resuming it for a third epoch, ``fairseq-generate`` (float32 and ``--bf16``),
+``fairseq-validate``, the hub (``TransformerModel.from_pretrained``) and a mistyped
+``--arch``. Without the fixes, fairseq 0.12 cannot load its own checkpoints under torch >=
+2.6 (weights-only loading refuses ``argparse.Namespace``); the fixes switch is read by the
+plugin, so a run without ``--user-dir`` cannot have it. The two runs without the fixes
+therefore load with torch's own ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, the same in both
+(safe here: the checkpoints are the test's own). Identical with and without the plugin:
+every log line, every checkpoint's weights, every hypothesis and score, the validation loss,
+the hub's translations, the typo's exit status and message (less the plugin's own names in
+fairseq's list of choices). With the fixes: the same numbers, except ``fairseq-generate
+--bf16``, which they make decode in bfloat16 (fairseq alone decodes in float32), and the
+typo, which they make one line.
 """
 
 import gzip
 import json
+import re
+import shutil
 import subprocess
 import sys
+import time
 
 import pytest
-from conftest import BIN, MULTI30K, USER_DIR, WIKITEXT2, cli_env, require_shared_data
+import torch
+from conftest import BIN, MULTI30K, USER_DIR, WIKITEXT2, cli_env, require_shared_data, trains
 
-from realformer_tools.fairseq_fixes import SWITCH
+from realformer_nmt.fairseq_fixes_switch import DATA_FIXES_SWITCH as SWITCH
+from realformer_nmt.fairseq_fixes_switch import FIXES_SWITCH
+from realformer_tools.fairseq_fixes.safe_checkpoint_loading import fairseq_checkpoint_types
 
 TIMING = {"wps", "ups", "wall", "train_wall", "gb_free"}  # wall-clock fields, not numbers of the run
 ANNOUNCEMENT = f"{SWITCH}=1: fairseq's data handling fixed"
@@ -78,7 +100,7 @@ COMMON = ["--optimizer", "adam", "--lr", "1e-3", "--cpu", "--max-epoch", "2", "-
 def _start(data, flags, save_dir, plugin, switch):
     cmd = [str(BIN / "fairseq-train"), str(data), *flags, *COMMON, "--save-dir", str(save_dir)]
     cmd += ["--user-dir", USER_DIR] if plugin else []
-    env = dict(cli_env(), **{SWITCH: switch})
+    env = dict(cli_env(), **{SWITCH: switch, FIXES_SWITCH: "1"})
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
@@ -96,7 +118,8 @@ def _records(output):
 
 
 def _train_three(data, flags, tmp_path):
-    """Logs of fairseq alone, with the plugin (switch off) and with the plugin (switch on)."""
+    """Logs of fairseq alone, with the plugin and the fixes (data switch off) and with the
+    plugin and the fixes (data switch on)."""
     runs = {name: _start(data, flags, tmp_path / name, plugin, switch)
             for name, plugin, switch in (("alone", False, "0"), ("plugin", True, "0"), ("fixed", True, "1"))}
     out = {}
@@ -142,21 +165,201 @@ def test_roberta_numbers_are_fairseqs_with_the_plugin_loaded(wikitext_lines, tmp
     assert _field(fixed, "train", "loss") != _field(alone, "train", "loss")
 
 
-def test_the_data_fixes_are_off_unless_asked_for(tmp_path):
-    """A fresh ``import realformer_nmt``: fairseq's batching and epoch iterator untouched
-    with the switch unset or 0, replaced with it 1; another value is one line."""
-    probe = ("import realformer_nmt; from fairseq.data import data_utils, iterators; "
-             "print(getattr(data_utils.batch_by_size, '__realformer_fixed__', False), "
-             "getattr(iterators.EpochBatchIterator.next_epoch_itr, '__realformer_fixed__', False))")
-    for value, expected in ((None, "False False"), ("0", "False False"), ("1", "True True")):
-        env = cli_env()
-        env.pop(SWITCH, None)
-        if value is not None:
-            env[SWITCH] = value
-        proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        assert proc.stdout.split() == expected.split(), (value, proc.stdout)
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          env=dict(cli_env(), **{SWITCH: "yes"}), timeout=300)
-    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith(
-        f"realformer_nmt: error: {SWITCH}='yes'"), proc.stderr
+def _switched(**values):
+    """The tests' environment with both switches as given (None: unset)."""
+    env = cli_env()
+    for name in (SWITCH, FIXES_SWITCH):
+        env.pop(name, None)
+    env.update({name: value for name, value in values.items() if value is not None})
+    return env
+
+
+def test_the_fixes_are_off_unless_asked_for():
+    """A fresh ``import realformer_nmt``: fairseq's batching and epoch iterator (the data
+    fixes) and its checkpoint loader (the fixes) untouched with the switches unset or 0,
+    each group replaced with its switch 1; another value is one line."""
+    probe = ("import realformer_nmt; from fairseq import checkpoint_utils; from fairseq.data import data_utils, "
+             "iterators; print(getattr(data_utils.batch_by_size, '__realformer_fixed__', False), "
+             "getattr(iterators.EpochBatchIterator.next_epoch_itr, '__realformer_fixed__', False), "
+             "getattr(checkpoint_utils.load_checkpoint_to_cpu, '__realformer_safe__', False))")
+    cases = [((None, None), "False False False"), (("0", "0"), "False False False"),
+             (("1", None), "True True False"), ((None, "1"), "False False True"), (("1", "1"), "True True True")]
+    procs = [(values, expected, subprocess.Popen(
+        [sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_switched(**{SWITCH: values[0], FIXES_SWITCH: values[1]}))) for values, expected in cases]
+    for name in (SWITCH, FIXES_SWITCH):
+        procs.append(((name, "yes"), None, subprocess.Popen(
+            [sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=_switched(**{name: "yes"}))))
+    for values, expected, proc in procs:
+        stdout, stderr = proc.communicate(timeout=600)
+        if expected is None:
+            assert proc.returncode == 1 and stderr.strip().splitlines()[-1].startswith(
+                f"realformer_nmt: error: {values[0]}='yes'"), stderr
+            continue
+        assert proc.returncode == 0, stderr[-2000:]
+        assert stdout.split() == expected.split(), (values, stdout)
+
+
+# --------------------------------------------------------------------------------------
+# What else a fairseq user runs: save and resume, generate, validate, the hub, the typo
+# --------------------------------------------------------------------------------------
+
+FLAVOURS = ("alone", "plugin", "fixes")
+TINY = [*TRANSFORMER[:-2], "--max-tokens", "300", "--optimizer", "adam", "--lr", "1e-3", "--cpu", "--seed", "1",
+        "--log-format", "json", "--log-interval", "5", "--num-workers", "2", "--no-epoch-checkpoints"]
+TORCH_UNSAFE = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"  # torch's own switch, for vanilla fairseq 0.12 (module docstring)
+HUB = """
+import sys
+if sys.argv[1] == "plugin":
+    import realformer_nmt  # noqa: F401  (what --user-dir does)
+from fairseq.models.transformer import TransformerModel
+
+hub = TransformerModel.from_pretrained(sys.argv[2], checkpoint_file="checkpoint_last.pt", data_name_or_path=sys.argv[3])
+for line in sys.argv[4:]:
+    best = hub.generate(hub.encode(line), beam=2)[0]
+    print(hub.decode(best["tokens"]), "|", float(best["score"]))
+"""
+
+
+def _flavour_env(flavour):
+    env = _switched()
+    env.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+    if flavour == "fixes":
+        env[FIXES_SWITCH] = "1"
+    else:
+        env[TORCH_UNSAFE] = "1"
+    return env
+
+
+def _cmd(tool, flavour, *args):
+    cmd = [str(BIN / tool), *map(str, args)]
+    return cmd + (["--user-dir", USER_DIR] if flavour != "alone" else [])
+
+
+def _run_all(commands, logs, limit=4):
+    """Run ``{key: (cmd, env)}``, ``limit`` at a time, output to files in ``logs``;
+    ``{key: CompletedProcess}``."""
+    pending, running, done = list(commands.items()), {}, {}
+    while pending or running:
+        while pending and len(running) < limit:
+            key, (cmd, env) = pending.pop(0)
+            name = "-".join(key)
+            with open(logs / f"{name}.out", "w") as out, open(logs / f"{name}.err", "w") as err:
+                running[key] = (subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=err, env=env), name)
+        for key, (proc, name) in list(running.items()):
+            if proc.poll() is not None:
+                done[key] = subprocess.CompletedProcess(proc.args, proc.returncode, (logs / f"{name}.out").read_text(),
+                                                        (logs / f"{name}.err").read_text())
+                del running[key]
+        time.sleep(0.2)
+    return done
+
+
+@pytest.fixture(scope="module")
+@trains
+def user_runs(multi30k_words, tmp_path_factory):
+    """``{(what, flavour): CompletedProcess}`` and the save dirs, for every flavour."""
+    work = tmp_path_factory.mktemp("user_runs")
+    train = {("train", f): (_cmd("fairseq-train", f, multi30k_words, *TINY, "--max-epoch", 2, "--save-dir",
+                                 work / f), _flavour_env(f)) for f in FLAVOURS}
+    train.update({("typo", f): (_cmd("fairseq-train", f, multi30k_words, *TINY, "--arch", "transfomer",
+                                     "--save-dir", work / f"typo-{f}"), _flavour_env(f)) for f in FLAVOURS})
+    runs = _run_all(train, work)
+    for f in FLAVOURS:
+        assert runs["train", f].returncode == 0, runs["train", f].stderr[-3000:]
+        shutil.copytree(work / f, work / f"resume-{f}")
+    sentences = _head(MULTI30K / "val.en.gz", 4)
+    later = {}
+    for f in FLAVOURS:
+        checkpoint = work / f / "checkpoint_last.pt"
+        decode = ["--path", checkpoint, "--gen-subset", "valid", "--beam", "2", "--batch-size", "8", "--cpu"]
+        later["resume", f] = (_cmd("fairseq-train", f, multi30k_words, *TINY, "--max-epoch", 3, "--save-dir",
+                                   work / f"resume-{f}"), _flavour_env(f))
+        later["generate", f] = (_cmd("fairseq-generate", f, multi30k_words, *decode), _flavour_env(f))
+        later["generate-bf16", f] = (_cmd("fairseq-generate", f, multi30k_words, *decode, "--bf16"), _flavour_env(f))
+        later["validate", f] = (_cmd("fairseq-validate", f, multi30k_words, "--task", "translation", "--path",
+                                     checkpoint, "--valid-subset", "valid", "--batch-size", "8", "--cpu"),
+                                _flavour_env(f))
+        later["hub", f] = ([sys.executable, "-c", HUB, "alone" if f == "alone" else "plugin", work / f,
+                            multi30k_words, *sentences], _flavour_env(f))
+    runs.update(_run_all(later, work))
+    return runs, work
+
+
+def _ok(runs, what):
+    for f in FLAVOURS:
+        assert runs[what, f].returncode == 0, f"{what} {f}:\n{runs[what, f].stderr[-3000:]}"
+
+
+def _hypotheses(proc):
+    """fairseq-generate's per-sentence lines (S, T, H, D, P) and its BLEU line."""
+    lines = sorted(line for line in proc.stdout.splitlines() if re.match(r"[STHDP]-\d+\t", line))
+    bleu = [line.split("Generate valid with beam=2: ", 1)[1] for line in (proc.stdout + proc.stderr).splitlines()
+            if "Generate valid with beam=2: " in line]
+    assert lines and bleu, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return lines, bleu
+
+
+@pytest.mark.slow
+def test_saved_checkpoints_and_resumed_training_are_fairseqs(user_runs):
+    runs, work = user_runs
+    _ok(runs, "train")
+    _ok(runs, "resume")
+    logs = {f: _records(runs["train", f].stdout + runs["train", f].stderr) for f in FLAVOURS}
+    resumed = {f: _records(runs["resume", f].stdout + runs["resume", f].stderr) for f in FLAVOURS}
+    assert [k for k, _ in logs["alone"]].count("train") == 2 and [k for k, _ in resumed["alone"]].count("train") == 1
+    assert logs["alone"] == logs["plugin"] == logs["fixes"]
+    assert resumed["alone"] == resumed["plugin"] == resumed["fixes"]
+    for f in FLAVOURS:
+        assert "Loaded checkpoint" in runs["resume", f].stdout + runs["resume", f].stderr
+    with fairseq_checkpoint_types():
+        weights = {f: torch.load(work / f / "checkpoint_last.pt", map_location="cpu")["model"] for f in FLAVOURS}
+    for f in ("plugin", "fixes"):
+        assert weights[f].keys() == weights["alone"].keys()
+        assert all(torch.equal(weights[f][k], weights["alone"][k]) for k in weights["alone"])
+
+
+@pytest.mark.slow
+def test_generate_validate_and_the_hub_are_fairseqs(user_runs):
+    runs, _ = user_runs
+    for what in ("generate", "validate", "hub"):
+        _ok(runs, what)
+    generated = {f: _hypotheses(runs["generate", f]) for f in FLAVOURS}
+    assert generated["alone"] == generated["plugin"] == generated["fixes"]
+    valid = {f: re.findall(r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+)",
+                           runs["validate", f].stdout + runs["validate", f].stderr) for f in FLAVOURS}
+    assert valid["alone"] and valid["alone"] == valid["plugin"] == valid["fixes"]
+    hub = {f: runs["hub", f].stdout.strip().splitlines() for f in FLAVOURS}
+    assert len(hub["alone"]) == 4 and hub["alone"] == hub["plugin"] == hub["fixes"]
+
+
+@pytest.mark.slow
+def test_generate_bf16_is_fairseqs_unless_the_fixes_are_on(user_runs):
+    """fairseq 0.12 alone ignores ``--bf16`` when decoding (float32); the plugin alone changes
+    nothing; the fixes (``cpu_bf16``) decode in bfloat16, which changes the scores: the
+    user's choice, by turning the fixes on."""
+    runs, _ = user_runs
+    _ok(runs, "generate-bf16")
+    bf16 = {f: _hypotheses(runs["generate-bf16", f]) for f in FLAVOURS}
+    assert bf16["alone"] == bf16["plugin"] == _hypotheses(runs["generate", "alone"])
+    assert bf16["fixes"] != bf16["alone"]
+    assert "casting TransformerModel to bfloat16" in runs["generate-bf16", "fixes"].stderr
+
+
+@pytest.mark.slow
+def test_a_mistyped_arch_gets_fairseqs_own_answer_unless_the_fixes_are_on(user_runs):
+    runs, _ = user_runs
+    alone, plugin, fixes = (runs["typo", f] for f in FLAVOURS)
+    assert alone.returncode == plugin.returncode == 2
+    assert "invalid choice: 'transfomer'" in alone.stderr and len(alone.stderr.splitlines()) > 50
+    # the same usage and message, word for word, but for the names the plugin registered in
+    # fairseq's lists of choices (its architectures, criterions and --bpe wordpiece)
+    registered = re.compile(r",(?:masked_lm_acc|masked_lm_nsp|wordpiece|realformer_\w+)(?=[,}])"
+                            r"|(?<=[{,])realformer_\w+,|, 'realformer_\w+'")
+    assert registered.search(plugin.stderr)
+    assert registered.sub("", plugin.stderr) == alone.stderr
+    assert fixes.returncode == 1
+    ours = [line for line in fixes.stderr.splitlines() if line.strip()]
+    assert ours[-1].startswith("realformer_nmt: error: --arch 'transfomer' is not a registered architecture")
+    assert "usage:" not in fixes.stderr

@@ -6,8 +6,9 @@ segment of A's document half of the time, else a segment of another document
 (``next_sentence_pairs``), then BERT's 80/10/10 masking by fairseq's
 ``MaskTokensDataset`` on the tokens of A and B: the text of the lines (their own ``</s>``
 is not in a segment); ``<s>`` and the two ``</s>`` separators are never masked. Pairs and
-masks are redrawn every epoch, with or without ``--num-workers`` (see
-``fairseq_patches.epoch_workers``). Batches carry ``nsp_target``
+masks are redrawn every epoch, with or without ``--num-workers``: the datasets say they
+cannot reuse an epoch's batch iterator (``can_reuse_epoch_itr_across_epochs``), so fairseq
+builds each epoch's iterator and DataLoader workers anew. Batches carry ``nsp_target``
 (1 = is next); the model gets a two-class classification head named
 ``next_sentence`` (use ``--criterion masked_lm_nsp``).
 

@@ -138,11 +138,15 @@ class NextSentencePairsDataset(FairseqDataset):
     def __len__(self):
         return len(self.first_segments)
 
-    items_depend_on_epoch = True  # pairs are redrawn each epoch (fairseq_patches.epoch_workers)
-
     @property
     def can_reuse_epoch_itr_across_epochs(self):
-        return True  # sizes are bounds that hold for every epoch
+        """False: the pairs are redrawn each epoch. fairseq then builds a new batch iterator
+        for every epoch, and with it a new DataLoader whose workers start from the dataset of
+        that epoch. (A reused iterator keeps its DataLoader, whose persistent workers hold the
+        dataset as it was in epoch 1: with ``--num-workers`` >= 1, fairseq's default, every
+        epoch would serve epoch 1's pairs and masks.) The sizes are bounds that hold for every
+        epoch, so each new iterator makes the same batches, shuffled per epoch as before."""
+        return False
 
     def set_epoch(self, epoch, **unused):
         super().set_epoch(epoch)
@@ -257,6 +261,10 @@ class PairWithSpecialsDataset(BaseWrapperDataset):
         super().set_epoch(epoch)
         self.pairs.set_epoch(epoch)
 
+    @property
+    def can_reuse_epoch_itr_across_epochs(self):
+        return self.pairs.can_reuse_epoch_itr_across_epochs  # not the masking's: it wraps the pairs
+
 
 class NextSentenceLabelDataset(FairseqDataset):
     """1 when ``B`` follows ``A`` in its document, 0 when it is a random segment."""
@@ -277,3 +285,7 @@ class NextSentenceLabelDataset(FairseqDataset):
     def set_epoch(self, epoch):
         super().set_epoch(epoch)
         self.pairs.set_epoch(epoch)
+
+    @property
+    def can_reuse_epoch_itr_across_epochs(self):
+        return self.pairs.can_reuse_epoch_itr_across_epochs

@@ -62,6 +62,16 @@ def quiet_fairseq_import():
     warnings.filterwarnings("ignore", message=r"(?s).*(hydra|Hydra|ConfigStore|version_base|package header)")
 
 
+def install_fairseq_fixes():
+    """The project's commands run fairseq with its fixes (safe checkpoint loading, ...: the
+    plugin's import installs none of them): in this process, and in every fairseq tool they
+    start (``REALFORMER_NMT_FAIRSEQ_FIXES=1`` in its environment). The data fixes follow
+    ``REALFORMER_NMT_DATA_FIXES``, which the harnesses and the demo set."""
+    from realformer_nmt import install_fairseq_fixes as install
+
+    install()
+
+
 def fail(name, message, status=2):
     """Print ``<name>: error: <message>`` (argparse's one-line form) to stderr; return ``status``."""
     print(f"{name}: error: {message}", file=sys.stderr)
@@ -79,6 +89,7 @@ def run_command(name, work, problem=None, json_path=None, show=None, status=2):
     if problem:
         return fail(name, problem, status)
     quiet_fairseq_import()
+    install_fairseq_fixes()
     from realformer_nmt.errors import RealFormerError
 
     try:

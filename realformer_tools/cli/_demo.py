@@ -17,6 +17,7 @@ import subprocess
 import time
 
 from realformer_nmt.errors import RealFormerError
+from realformer_nmt.fairseq_fixes_switch import with_fixes
 
 from ._common import user_dir
 
@@ -146,9 +147,10 @@ class Progress:
 
 
 def tool_env(args):
-    """The fairseq tools' environment: unbuffered (progress arrives as it happens), and
-    ``--threads`` threads each (OMP_NUM_THREADS)."""
-    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(args.threads))
+    """The fairseq tools' environment: unbuffered (progress arrives as it happens), the fixes
+    to fairseq on (``REALFORMER_NMT_FAIRSEQ_FIXES=1``; the data fixes as ``run_demo`` set
+    them), and ``--threads`` threads each (OMP_NUM_THREADS)."""
+    return with_fixes(dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(args.threads)))
 
 
 def run_tool(cmd, log_path, env, on_line=None):

@@ -27,11 +27,11 @@ import sys
 
 import torch
 
-import realformer_nmt  # noqa: F401  (registers the models; safe checkpoint loading)
+import realformer_nmt  # noqa: F401  (registers the models)
 from realformer_nmt.errors import ConfigError
 from realformer_tools.experiments.attention_analysis import analyze_and_report
 
-from ._common import exit_zero
+from ._common import exit_zero, install_fairseq_fixes
 
 
 def main(argv=None):
@@ -55,6 +55,7 @@ def main(argv=None):
     p.add_argument("--cpu", action="store_true", help="run on CPU even when CUDA is available")
     p.add_argument("--force", action="store_true", help="start over instead of resuming from --out")
     args = p.parse_args(argv)
+    install_fairseq_fixes()  # safe checkpoint loading
     logging.getLogger().setLevel(os.environ.get("LOGLEVEL", "INFO").upper())  # as fairseq's CLIs
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
 

@@ -10,6 +10,7 @@ import threading
 import time
 
 from realformer_nmt.errors import ConfigError, RealFormerError
+from realformer_nmt.fairseq_fixes_switch import with_fixes
 
 from .fairseq_logs import progress_line, stats_record
 
@@ -42,8 +43,10 @@ def quote(cmd):
 
 
 def cli_env(threads=None):
-    """Environment for the child tools: unbuffered output; ``threads`` sets OMP_NUM_THREADS."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    """Environment for the child tools: unbuffered output, the fixes to fairseq on
+    (``REALFORMER_NMT_FAIRSEQ_FIXES=1``; the data fixes as the caller's environment has them);
+    ``threads`` sets OMP_NUM_THREADS."""
+    env = with_fixes(dict(os.environ, PYTHONUNBUFFERED="1"))
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return env

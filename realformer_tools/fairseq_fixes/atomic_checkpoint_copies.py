@@ -8,46 +8,28 @@ destination first and fills it in place. A ``kill -9``, OOM kill, preemption or 
 during that copy leaves a truncated ``checkpoint_last.pt``, which is exactly the file the
 next ``fairseq-train`` run resumes from: the restart fails and the run is lost.
 
-Fix: ``install`` (run by ``import realformer_nmt`` / ``--user-dir realformer_nmt``)
-replaces ``fairseq.file_io.PathManager.copy`` -- every fairseq module shares that one
-class -- with a copy that, for local paths, writes ``<dst>.copy.tmp`` in the destination
-directory, fsyncs it and ``os.replace``s it onto ``<dst>``: at every instant ``<dst>`` is
-either the complete old file or the complete new one. A kill can only leave the
-``.copy.tmp`` file behind (the next copy to that destination overwrites it; fairseq's
-checkpoint patterns never match it). Remote (iopath URI) paths keep fairseq's own copy.
+Fix: ``install`` (one of the fixes ``REALFORMER_NMT_FAIRSEQ_FIXES=1`` installs) replaces
+``fairseq.file_io.PathManager.copy`` -- every fairseq module shares that one class -- with
+a copy that, for local paths, writes ``<dst>.copy.tmp`` in the destination directory,
+fsyncs it and ``os.replace``s it onto ``<dst>``: at every instant ``<dst>`` is either the
+complete old file or the complete new one. A kill can only leave the ``.copy.tmp`` file
+behind (the next copy to that destination overwrites it; fairseq's checkpoint patterns
+never match it). Remote (iopath URI) paths keep fairseq's own copy.
 
 When it is no longer needed: fairseq's ``save_checkpoint`` writes every copy through
 ``torch_persistent_save`` (or an atomic rename); ``tests/test_reliability_resume.py``
 shows the truncated ``checkpoint_last.pt`` that fairseq's own copy leaves.
-
-Test hook: with ``REALFORMER_NMT_TEST_PAUSE_COPY=<file name>`` in the environment, a copy
-about to replace an existing ``<file name>`` (e.g. ``checkpoint_last.pt``) prints
-``PAUSE_MARKER`` and the destination on stderr once its data is written, and sleeps before
-committing it, so that a test can ``kill -9`` a real ``fairseq-train`` at that moment
-(the one where fairseq's in-place copy leaves a truncated file) instead of by chance.
 """
 
 import contextlib
 import os
 import shutil
-import sys
-import time
 
 from fairseq.file_io import PathManager
 
-__all__ = ["PAUSE_ENV", "PAUSE_MARKER", "TMP_SUFFIX", "atomic_copy", "install", "install_atomic_checkpoint_copy"]
+__all__ = ["TMP_SUFFIX", "atomic_copy", "install", "install_atomic_checkpoint_copy"]
 
 TMP_SUFFIX = ".copy.tmp"
-PAUSE_ENV = "REALFORMER_NMT_TEST_PAUSE_COPY"
-PAUSE_MARKER = "realformer_nmt test hook: copy written, paused before replacing"
-
-
-def _pause_for_tests(dst_path):
-    """The test hook described above (a no-op unless ``PAUSE_ENV`` names ``dst_path``)."""
-    name = os.environ.get(PAUSE_ENV)
-    if name and os.path.basename(dst_path) == name and os.path.exists(dst_path):
-        print(f"{PAUSE_MARKER} {dst_path}", file=sys.stderr, flush=True)
-        time.sleep(600)  # the test kills the process here
 
 
 def atomic_copy(src_path, dst_path):
@@ -57,7 +39,6 @@ def atomic_copy(src_path, dst_path):
         with open(src_path, "rb") as src, open(tmp, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
             dst.flush()
-            _pause_for_tests(dst_path)
             os.fsync(dst.fileno())  # data on disk before the name points at it
         os.replace(tmp, dst_path)
     except BaseException:

@@ -20,7 +20,9 @@ Bugs (fairseq 0.12.2; the first is still in ``options.py`` on fairseq's main bra
    copying ``train_step``: a CPU fp16 run would die at the loss scaler's first overflow.
 
 Fixes, each at one seam, no fairseq function copied, each logging one line when it acts
-(importing the plugin changes nothing for a command that does not ask for bf16):
+(with the fixes installed, nothing changes for a command that does not ask for bf16; one
+that does, ``fairseq-generate --bf16``, then decodes in bfloat16, a vanilla model included:
+other numbers than fairseq alone gives, which is why the fixes are opt-in):
 
 1. ``options.parse_args_and_arch`` is wrapped: after fairseq's own post-processing,
    ``--bf16`` keeps implying ``--tpu`` only where a TPU can be used (torch_xla importable

@@ -2,8 +2,8 @@
 once: the same masks and sentence pairs every epoch; redraw them.
 
 Bug (fairseq 0.12.2): datasets whose items change with the epoch but whose sizes do not
-(fairseq's ``MaskTokensDataset``, so ``--task masked_lm``'s dynamic masking, RoBERTa's;
-this project's ``masked_lm_nsp`` pairs) say ``can_reuse_epoch_itr_across_epochs``, so
+(fairseq's ``MaskTokensDataset``, so ``--task masked_lm``'s dynamic masking, RoBERTa's)
+say ``can_reuse_epoch_itr_across_epochs``, so
 ``FairseqTask.get_batch_iterator`` hands back the same ``EpochBatchIterator`` every epoch,
 and that iterator reuses its ``DataLoader`` (``reuse_dataloader``) whose worker processes
 persist (``persistent_workers``). ``next_epoch_itr`` calls ``set_epoch`` on the dataset of
@@ -18,14 +18,16 @@ dropped, so fairseq builds a new one whose workers start from the dataset of the
 (what it does when the loader is not reused). Validation iterators
 (``set_dataset_epoch=False``: the same masks at every validation, by design) keep their
 loader. It changes what is trained, so it is installed only with
-``REALFORMER_NMT_DATA_FIXES=1`` (``fairseq_patches``).
+``REALFORMER_NMT_DATA_FIXES=1`` (``realformer_tools.fairseq_fixes``).
 
 Items depend on the epoch where the dataset, or a dataset it wraps (found by walking its
 attributes once per iterator), is one of :data:`EPOCH_DEPENDENT` (fairseq's dynamic
-masking and denoising noise) or says ``items_depend_on_epoch = True`` (this project's
-``masked_lm_nsp`` pairs). Every ``FairseqDataset`` has a ``set_epoch``, most of them a
-no-op: ``--task translation`` serves the same items every epoch, so its workers are kept
-(re-forking them cost ~0.2 s of a 0.4-0.5 s epoch on a small corpus).
+masking and denoising noise) or says ``items_depend_on_epoch = True``. (This project's
+``masked_lm_nsp`` needs none of it: its datasets say they cannot reuse an epoch's
+iterator, fairseq's own remedy, so its pairs and masks are redrawn with or without this
+fix.) Every ``FairseqDataset`` has a ``set_epoch``, most of them a no-op: ``--task
+translation`` serves the same items every epoch, so its workers are kept (re-forking them
+cost ~0.2 s of a 0.4-0.5 s epoch on a small corpus).
 
 When it is no longer needed: with the patch uninstalled, the first batch of
 ``task.get_batch_iterator(dataset, num_workers=1, epoch=e).next_epoch_itr(shuffle=False)``

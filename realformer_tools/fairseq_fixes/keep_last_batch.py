@@ -8,7 +8,7 @@ without a word and sacreBLEU is scored on the rest; training loses the same sent
 every epoch.
 
 Fix: the remainder is appended as a final, smaller batch. It changes what is trained and
-scored, so it is installed only with ``REALFORMER_NMT_DATA_FIXES=1`` (``fairseq_patches``).
+scored, so it is installed only with ``REALFORMER_NMT_DATA_FIXES=1`` (``realformer_tools.fairseq_fixes``).
 
 When it is no longer needed: ``fairseq-generate --batch-size 8`` on a test set of 13
 sentences prints 13 hypotheses with the patch uninstalled

@@ -7,9 +7,10 @@ pickle names. A hostile checkpoint given to ``fairseq-generate``, ``fairseq-trai
 1. call code while loading (a ``__reduce__`` to ``os.system``, any function or class
    outside an allow-list): refused by torch's weights-only unpickler, which calls and
    builds allow-listed globals only;
-2. have weights-only loading switched off (torch's environment switch that forces full
-   unpickling): refused, the load is forced weights-only and torch rejects the conflict
-   (tests/test_reliability_checkpoints.py sets that switch and checks the refusal);
+2. have weights-only loading switched off (torch's environment switch
+   ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``, which turns fairseq's plain ``torch.load`` into a full
+   unpickle): refused before torch is called (tests/test_reliability_checkpoints.py sets
+   that switch and checks the refusal);
 3. forge memory through numpy (``numpy.ndarray((1,), numpy.dtype("O"), b"AAAAAAAA")``: an
    object array over attacker-chosen pointers, which torch's usual numpy allow-list
    accepts): refused, numpy's names resolve to checked stand-ins;
@@ -26,13 +27,16 @@ fairseq's checkpoints hold types outside torch's allow-list (``argparse.Namespac
 all), so every vanilla ``fairseq-generate`` fails; the usual workaround (weights-only off)
 opens threat 1.
 
-What torch serves: the unpickler itself, ``add_safe_globals`` for fairseq's types
-(``FAIRSEQ_CHECKPOINT_GLOBALS``), and ``get_unsafe_globals_in_checkpoint`` to name what it
-refused. Hand-written, where torch cannot serve:
+What torch serves: the unpickler itself, ``safe_globals`` for fairseq's types
+(``FAIRSEQ_CHECKPOINT_GLOBALS``, allowed only for the duration of each load, never
+process-wide: any other ``torch.load`` in the process sees torch's own list), and
+``get_unsafe_globals_in_checkpoint`` to name what it refused. Hand-written, where torch
+cannot serve:
 
 - the numpy stand-ins (threat 3): torch offers only numpy's own ``ndarray``/``dtype``;
-- forcing weights-only over the environment (threat 2): torch lets the variable win over
-  a ``torch.load`` that passes no ``weights_only``, as fairseq's does;
+- refusing an environment that turns weights-only off (threat 2): torch lets the variable
+  win over a ``torch.load`` that passes no ``weights_only``, as fairseq's does (the
+  environment is read, never changed);
 - the config-string check (threat 4): it happens after unpickling, in fairseq;
 - one-line messages: torch's are tens of lines that advise turning weights-only off;
 - the wrapper of ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` (through which the
@@ -65,10 +69,6 @@ from realformer_nmt.errors import RealFormerError, UnsafeCheckpointError
 
 from .checkpoint_errors import ensemble_loader, file_error, refused_global, trainer_loader, unsafe_error
 from .config_code_check import refuse_code_in_config
-
-# ``hook(state, path)`` run on every checkpoint that loaded safely (the plugin uses it to
-# note the residual settings a checkpoint was trained with; see ``residual_config``).
-AFTER_LOAD_HOOKS = []
 
 # --------------------------------------------------------------------------------------
 # numpy values (threat 3), through checked stand-ins
@@ -208,32 +208,25 @@ FAIRSEQ_CHECKPOINT_GLOBALS = [
 ]
 
 
-def allow_fairseq_checkpoint_types():
-    """Allow-list ``FAIRSEQ_CHECKPOINT_GLOBALS`` (only what is missing: idempotent, and
-    restores the list after ``torch.serialization.clear_safe_globals()``)."""
+@contextlib.contextmanager
+def fairseq_checkpoint_types():
+    """Within the block, torch's weights-only unpickler also accepts
+    ``FAIRSEQ_CHECKPOINT_GLOBALS``; afterwards the allow-list is what it was (entries that were
+    on it before stay; only the missing ones are added, and removed again)."""
     present = set(torch.serialization.get_safe_globals())
     missing = [g for g in FAIRSEQ_CHECKPOINT_GLOBALS if g not in present]
-    if missing:
-        torch.serialization.add_safe_globals(missing)
-
-
-# --------------------------------------------------------------------------------------
-# The wrapper around fairseq.checkpoint_utils.load_checkpoint_to_cpu (threat 2 and the rest)
-# --------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def _weights_only_forced():
-    """fairseq's plain ``torch.load(f, map_location=...)`` made weights-only whatever the
-    environment says (torch then refuses a request for unrestricted unpickling outright)."""
-    saved = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    try:
+    with torch.serialization.safe_globals(missing):
         yield
-    finally:
-        if saved is None:
-            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
-        else:
-            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = saved
+
+
+_TRUE = ("1", "y", "yes", "true")  # torch's reading of its TORCH_FORCE_* variables
+
+
+def _weights_only_refused_by_environment():
+    """The variable that would turn fairseq's ``torch.load`` (no ``weights_only`` argument)
+    into an unrestricted unpickle, if the environment sets it; else None."""
+    name = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+    return name if os.environ.get(name, "0").lower() in _TRUE else None
 
 
 def _raised_inside_torch_load(exc):
@@ -267,44 +260,60 @@ def _make_safe_loader(original):
         if _torch_too_old():  # pragma: no cover
             raise UnsafeCheckpointError(f"refused to load checkpoint {path}: torch {torch.__version__} would "
                                         "unpickle it with no restrictions; install torch >= 2.6")
-        allow_fairseq_checkpoint_types()
-        try:
-            with _weights_only_forced():
+        unsafe_switch = _weights_only_refused_by_environment()
+        if unsafe_switch:
+            raise UnsafeCheckpointError(
+                f"refused to load checkpoint {path}: the environment asks torch to unpickle checkpoints without "
+                f"weights-only restrictions ({unsafe_switch}=1); unset it")
+        # fairseq's types allowed for this load (and while a refusal is put in words: torch's look at
+        # the file then names the global it refused, not one of these)
+        with fairseq_checkpoint_types():
+            try:
                 state = original(path, arg_overrides=arg_overrides, load_on_all_ranks=load_on_all_ranks)
-        except RealFormerError:
-            raise
-        except pickle.UnpicklingError as exc:
-            if not _raised_inside_torch_load(exc):
+            except RealFormerError:
                 raise
-            # torch.save writes zip files, so a refusal there is about content; in a legacy
-            # (pre-1.6) file it may just as well be garbage
-            if _is_zip(path) or refused_global(str(exc)):
-                raise unsafe_error(path, exc) from exc
-            raise file_error(path, exc) from exc
-        except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-            raise file_error(path, exc) from exc
-        except (EOFError, OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError,
-                zipfile.BadZipFile) as exc:
-            # a truncated zip (OSError), an empty file (EOFError), text (KeyError), a malformed pickle ...
-            if isinstance(exc, RuntimeError) and "WEIGHTS_ONLY_LOAD" in str(exc):
-                raise UnsafeCheckpointError(
-                    f"refused to load checkpoint {path}: the environment asks torch to unpickle "
-                    f"checkpoints without weights-only restrictions ({exc})") from exc
-            if _raised_inside_torch_load(exc):
+            except pickle.UnpicklingError as exc:
+                if not _raised_inside_torch_load(exc):
+                    raise
+                # torch.save writes zip files, so a refusal there is about content; in a legacy
+                # (pre-1.6) file it may just as well be garbage
+                if _is_zip(path) or refused_global(str(exc)):
+                    raise unsafe_error(path, exc) from exc
                 raise file_error(path, exc) from exc
-            raise
+            except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+                raise file_error(path, exc) from exc
+            except (EOFError, OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError,
+                    zipfile.BadZipFile) as exc:
+                # a truncated zip (OSError), an empty file (EOFError), text (KeyError), a malformed pickle ...
+                if isinstance(exc, RuntimeError) and "WEIGHTS_ONLY_LOAD" in str(exc):
+                    raise UnsafeCheckpointError(
+                        f"refused to load checkpoint {path}: the environment asks torch to unpickle "
+                        f"checkpoints without weights-only restrictions ({exc})") from exc
+                if _raised_inside_torch_load(exc):
+                    raise file_error(path, exc) from exc
+                raise
         refuse_code_in_config(path, state)
-        for hook in AFTER_LOAD_HOOKS:
-            hook(state, path)
         return state
 
     safe_load_checkpoint_to_cpu.__realformer_safe__ = True
     return safe_load_checkpoint_to_cpu
 
 
+def _types_allowed_throughout(load_checkpoint):
+    """``Trainer.load_checkpoint`` with fairseq's types allowed for the whole call: with
+    several ranks, rank 0 loads the file and sends the state to the others through
+    ``torch.save`` / ``torch.load`` (``distributed_utils.broadcast_object``)."""
+    @functools.wraps(load_checkpoint)
+    def wrapper(*args, **kwargs):
+        with fairseq_checkpoint_types():
+            return load_checkpoint(*args, **kwargs)
+
+    wrapper.__realformer_safe__ = True
+    return wrapper
+
+
 def install_safe_checkpoint_loading():
-    """Allow-list fairseq's types and wrap fairseq's checkpoint loaders (idempotent)."""
-    allow_fairseq_checkpoint_types()
+    """Wrap fairseq's checkpoint loaders (idempotent)."""
     from fairseq import checkpoint_utils
     from fairseq.trainer import Trainer
 
@@ -313,7 +322,7 @@ def install_safe_checkpoint_loading():
         if not getattr(getattr(checkpoint_utils, name), "__realformer_safe__", False):
             setattr(checkpoint_utils, name, make(getattr(checkpoint_utils, name)))
     if not getattr(Trainer.load_checkpoint, "__realformer_safe__", False):
-        Trainer.load_checkpoint = trainer_loader(Trainer.load_checkpoint)
+        Trainer.load_checkpoint = _types_allowed_throughout(trainer_loader(Trainer.load_checkpoint))
 
 
 def safe_load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):

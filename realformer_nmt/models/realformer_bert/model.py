@@ -58,6 +58,10 @@ class RealFormerBertModel(RobertaModel):
     lays pairs out as BERT does for models with segment embeddings).
     """
 
+    def __init__(self, args, encoder):
+        super().__init__(args, encoder)
+        self.register_state_dict_post_hook(residual_config.note_settings)  # checkpoints say what they computed
+
     @classmethod
     def hub_models(cls):
         return {}
@@ -137,10 +141,7 @@ class RealFormerBertModel(RobertaModel):
         return self.encoder.sentence_encoder.residual
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        tag = residual_config.tagged_settings(state_dict)
-        if tag is not None:
-            trained_with, path = tag
-            residual_config.warn_if_changed(trained_with, self.residual, what=path)
+        residual_config.warn_on_load(self, state_dict)
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     def upgrade_state_dict_named(self, state_dict, name):

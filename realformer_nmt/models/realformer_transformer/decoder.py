@@ -75,8 +75,10 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
             positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
 
         # Padding over every target position, cached steps included (taken before the
-        # tokens are cut to the current step); given when the target has padding, and
-        # always with --cross-self-attention.
+        # tokens are cut to the current step): every key a step's query sees, since the
+        # residual kernels mask the scores over all of them (a module off the residual
+        # paths cuts it to the step's own key for fairseq's forward: new_keys_padding).
+        # Given when the target has padding, and always with --cross-self-attention.
         target_padding = prev_output_tokens.eq(self.padding_idx)
 
         if incremental_state is not None:

@@ -56,11 +56,17 @@ class RealFormerTransformerModel(TransformerModel):
         residual_config.resolve(args)  # one clear error before anything is built
         return super().build_model(args, task)
 
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        self.register_state_dict_post_hook(residual_config.note_settings)  # checkpoints say what they computed
+
+    @property
+    def residual(self) -> residual_config.ResidualSettings:
+        """The residual attention settings this model computes with."""
+        return self.encoder.residual
+
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        tag = residual_config.tagged_settings(state_dict)
-        if tag is not None:
-            trained_with, path = tag
-            residual_config.warn_if_changed(trained_with, self.encoder.residual, what=path)
+        residual_config.warn_on_load(self, state_dict)
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     @classmethod

@@ -11,6 +11,18 @@ from torch import Tensor
 from .state import ResidualState
 
 
+def cache_for_scores(incremental_state):
+    """The ``incremental_state`` to hand fairseq's ``MultiheadAttention.forward`` when this
+    kernel wants its pre-softmax scores (``before_softmax=True``).
+
+    fairseq takes PyTorch's fused attention (``F.multi_head_attention_forward``, which returns
+    no scores) whenever ``incremental_state`` is None, so a call without a cache gets a new,
+    empty one: fairseq stores this call's keys and values in it, and it is dropped with the
+    call (never shared: a second call would read the first one's keys as its prefix). In
+    step-by-step decoding it is the decoder's own cache."""
+    return incremental_state if incremental_state is not None else {}
+
+
 class MaterializedKernel:
     """The ``materialized`` kernel, a part of :class:`ResidualMultiheadAttention` (which is
     fairseq's ``MultiheadAttention``)."""
@@ -21,12 +33,11 @@ class MaterializedKernel:
     ):
         tgt_len, bsz, _ = query.size()
         # fairseq's projections, key/value cache and beam sharing, stopped before its
-        # masks and softmax. Any state dict (even a throwaway empty one) keeps fairseq
-        # off PyTorch's fused kernel, which cannot return scores.
+        # masks and softmax (applied below, over every key, with the running sum)
         logits, v = MultiheadAttention.forward(
             self,
             query, key, value, key_padding_mask=None,
-            incremental_state=incremental_state if incremental_state is not None else {},
+            incremental_state=cache_for_scores(incremental_state),
             need_weights=False, static_kv=static_kv, attn_mask=None, before_softmax=True,
         )
         src_len = logits.size(-1)

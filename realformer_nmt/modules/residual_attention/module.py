@@ -18,6 +18,21 @@ from .state import RESIDUAL_MODES, ResidualState, divisor
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
+def new_keys_padding(key_padding_mask: Optional[Tensor], query: Tensor, key: Optional[Tensor],
+                     incremental_state, static_kv: bool, self_attention: bool) -> Optional[Tensor]:
+    """The padding mask fairseq's own ``MultiheadAttention.forward`` takes, from ours.
+
+    Ours (``forward``'s ``key_padding_mask``) covers every key the queries see, the cached
+    ones included: the residual kernels mask the scores over all of them. fairseq's, in
+    step-by-step decoding, covers only the keys this call adds: it appends the cached keys'
+    mask from its cache itself. So for a module off the residual paths, which runs
+    fairseq's forward as it is, the mask is cut to its last (new) columns."""
+    if incremental_state is None or key_padding_mask is None or static_kv:
+        return key_padding_mask
+    new_keys = query.size(0) if key is None or self_attention else key.size(0)
+    return key_padding_mask[:, -new_keys:]
+
+
 class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, MultiheadAttention):
     """fairseq ``MultiheadAttention`` that threads RealFormer's residual scores.
 
@@ -95,12 +110,10 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Mu
         if not self.residual:
             if prev_state is not None:
                 raise ValueError("prev_state given to an attention module that is not on a residual path")
-            if incremental_state is not None and key_padding_mask is not None and not static_kv:
-                # fairseq's cache wants only the new keys' mask; it appends the rest itself.
-                new_keys = query.size(0) if key is None or self.self_attention else key.size(0)
-                key_padding_mask = key_padding_mask[:, -new_keys:]
             output, weights = super().forward(
-                query, key, value, key_padding_mask=key_padding_mask,
+                query, key, value,
+                key_padding_mask=new_keys_padding(key_padding_mask, query, key, incremental_state, static_kv,
+                                                  self.self_attention),
                 incremental_state=incremental_state, need_weights=need_weights,
                 static_kv=static_kv, attn_mask=attn_mask, need_head_weights=need_head_weights,
             )

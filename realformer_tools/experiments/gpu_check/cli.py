@@ -5,6 +5,7 @@ import os
 import sys
 
 from realformer_nmt.errors import ConfigError
+from realformer_nmt.fairseq_fixes_switch import install_fairseq_fixes
 from realformer_nmt.modules.residual_attention import KERNELS
 
 from .runner import GpuCheck
@@ -57,6 +58,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    install_fairseq_fixes()  # the ddp step loads checkpoints in this process
     try:
         ctx = GpuCheck(args.out, args.work, args.dry_run, args.jobs, args.force,
                        kernels=args.kernels, precisions=args.precisions)

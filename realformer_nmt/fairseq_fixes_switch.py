@@ -1,0 +1,69 @@
+"""The one switch that installs the fixes to fairseq 0.12 in plain fairseq runs.
+
+Importing the plugin (``import realformer_nmt``, ``--user-dir realformer_nmt``) registers
+the models, tasks and criterions and changes nothing else: no fairseq function, no torch
+allow-list, no ``sys.excepthook``, no logging, no environment variable. The fixes to
+fairseq itself (``realformer_tools.fairseq_fixes``, in the tools package: safe checkpoint loading, atomic
+checkpoint copies, one-line errors, ``--bf16`` on CPU, ...) are opt-in:
+
+* the project's own commands (the demo, the comparison harnesses, the GPU check, the CLIs)
+  install them in their own process and set :data:`FIXES_SWITCH` for every fairseq tool
+  they start;
+* in a plain fairseq run, ``REALFORMER_NMT_FAIRSEQ_FIXES=1`` (:data:`FIXES_SWITCH`), read
+  when the plugin is imported, installs the always-on fixes, and
+  ``REALFORMER_NMT_DATA_FIXES=1`` (:data:`DATA_FIXES_SWITCH`) the two fixes that change
+  what fairseq trains on and scores (kept last batch, masks redrawn per epoch with
+  workers). ``1`` turns a group on; unset, empty or ``0`` leaves fairseq as it is;
+* a program calls :func:`install_fairseq_fixes`.
+
+Only then is the fixes package imported. docs/reliability.md lists the fixes and which of
+them change a number fairseq computes alone.
+"""
+
+import os
+
+from .errors import ConfigError, install_excepthook
+
+FIXES_SWITCH = "REALFORMER_NMT_FAIRSEQ_FIXES"
+DATA_FIXES_SWITCH = "REALFORMER_NMT_DATA_FIXES"
+_MEANING = {FIXES_SWITCH: "the fixes to fairseq installed", DATA_FIXES_SWITCH: "fairseq's data handling fixed"}
+
+
+def asked(name, environ=None) -> bool:
+    """Whether the switch ``name`` is ``1``; unset, empty or ``0`` is no. Any other value is
+    refused with one line (a switch was set, so the one-line error hook is installed first)."""
+    value = (os.environ if environ is None else environ).get(name, "").strip()
+    if value not in ("", "0", "1"):
+        install_excepthook()
+        raise ConfigError(f"{name}={value!r}: set it to 1 ({_MEANING[name]}) or 0 / leave it unset (fairseq's own)")
+    return value == "1"
+
+
+def install_fairseq_fixes(data_fixes=None):
+    """Install the always-on fixes to fairseq, and the data fixes when ``data_fixes`` (None:
+    as :data:`DATA_FIXES_SWITCH` says) asks for them. Idempotent."""
+    from realformer_tools import fairseq_fixes as fairseq_patches  # the one import of the tools, only when asked
+
+    fairseq_patches.install_all(data_fixes=data_fixes)
+
+
+def install_asked(environ=None):
+    """What importing the plugin does about the fixes: install the groups the switches ask for."""
+    fixes, data_fixes = asked(FIXES_SWITCH, environ), asked(DATA_FIXES_SWITCH, environ)
+    if not (fixes or data_fixes):
+        return
+    from realformer_tools import fairseq_fixes as fairseq_patches  # the one import of the tools, only when asked
+
+    if fixes:
+        fairseq_patches.install_always_on()
+    if data_fixes:
+        fairseq_patches.install_data_fixes()
+
+
+def with_fixes(env, data_fixes=False):
+    """A copy of the environment ``env`` for a child fairseq tool, with the fixes switched on
+    (and the data fixes, when ``data_fixes``)."""
+    env = dict(env, **{FIXES_SWITCH: "1"})
+    if data_fixes:
+        env[DATA_FIXES_SWITCH] = "1"
+    return env
