@@ -67,8 +67,14 @@ setup(
         # with it, fairseq's --tensorboard-logdir works
         "tensorboardX",
     ],
-    extras_require={"test": ["pytest", "matplotlib", "ruff==0.17.6", "transformers==5.24.0", "protobuf==7.36.2"],
+    extras_require={"test": ["pytest", "matplotlib", "ruff==0.17.6", "transformers==5.24.0", "protobuf==7.36.2",
+                             # the triton kernel's CPU tests run it in Triton's interpreter; the version the
+                             # GPU image ships (its CUDA torch pins it)
+                             "triton==3.6.0; platform_system == 'Linux' and platform_machine == 'x86_64'"],
                     "plot": ["matplotlib"],
+                    # --residual-attention-kernel triton (and auto's choice of it on CUDA); CUDA builds of
+                    # torch on Linux bring their own triton, which is what it runs with there
+                    "triton": ["triton>=3.6.0"],
                     # scripts/export_hf.py and the exported folders (AutoModel*.from_pretrained)
                     "hf": ["transformers==5.24.0", "protobuf==7.36.2"],  # protobuf: reading spm.model
                     # optional: convert_google_checkpoint.py --reader tensorflow (TensorFlow's own reader)
