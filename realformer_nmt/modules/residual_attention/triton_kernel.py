@@ -45,15 +45,15 @@ def unsupported(device: torch.device, dtype: Optional[torch.dtype] = None, dropo
     None: not checked. On CPU it runs only in Triton's interpreter (``TRITON_INTERPRET=1``,
     set before triton is imported): a check of the kernel, not a way to train."""
     if dropout:
-        return "attention dropout > 0 (not in the kernel)"
+        return "attention dropout > 0, which the kernel does not implement"
     if not _installed():
-        return "triton is not installed (pip install 'realformer-nmt[triton]')"
+        return "triton is not installed: pip install 'realformer-nmt[triton]'"
     if device.type == "cpu":
         if not interpreted():
-            return "on CPU it runs only in Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported)"
+            return "on CPU it runs only in Triton's interpreter: TRITON_INTERPRET=1 set before triton is imported"
     elif device.type == "cuda":
         if dtype == torch.float64 and not interpreted():
-            return "float64 on CUDA (not compiled or checked for GPUs)"
+            return "float64 on CUDA, which it is not built or checked for"
         if not torch.cuda.is_available():
             return "no CUDA device"
         index = device.index if device.index is not None else torch.cuda.current_device()
