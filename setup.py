@@ -76,8 +76,14 @@ setup(
     # (CPU or a CUDA build). Install torch first; see README.
     install_requires=["fairseq-fixed==0.12.3.1"],  # the plugin's only requirement (besides torch)
     extras_require={"tools": TOOLS,
-                    "test": TOOLS + ["pytest", "ruff==0.17.6"] + HF,
+                    "test": TOOLS + ["pytest", "ruff==0.17.6"] + HF + [
+                        # the triton kernel's CPU tests run it in Triton's interpreter; the version the
+                        # GPU image ships (its CUDA torch pins it)
+                        "triton==3.6.0; platform_system == 'Linux' and platform_machine == 'x86_64'"],
                     "plot": ["matplotlib"],
+                    # --residual-attention-kernel triton (and auto's choice of it on CUDA); CUDA builds of
+                    # torch on Linux bring their own triton, which is what it runs with there
+                    "triton": ["triton>=3.6.0"],
                     # scripts/export_hf.py and the exported folders (AutoModel*.from_pretrained)
                     "hf": HF,
                     # optional: convert_google_checkpoint.py --reader tensorflow (TensorFlow's own reader)

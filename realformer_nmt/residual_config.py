@@ -197,7 +197,10 @@ def add_args(parser, available=PATHS):
              "materialized (B x H x T x S float32 scores passed between layers, explicit softmax), "
              "bias (the previous layers' float32 sum enters PyTorch's scaled_dot_product_attention "
              "as an additive mask: no probabilities stored on CUDA), fused (concatenated "
-             "queries/keys passed on, scaled_dot_product_attention; no T x S tensor stored), or "
+             "queries/keys passed on, scaled_dot_product_attention; no T x S tensor stored), "
+             "triton (flash-style Triton kernels that read and write the float32 sum; needs triton, "
+             "pip install 'realformer-nmt[triton]'; where it does not apply, a call runs what auto would, "
+             "said once), or "
              "auto (per path and call: the rule in modules/residual_attention/choice.py, measured on CPU; "
-             "on CUDA results/gpu/kernel_rule.json, else bias). Default: auto",
+             "on CUDA triton where it applies, else results/gpu/kernel_rule.json, else bias). Default: auto",
     )

@@ -22,6 +22,32 @@ os.environ.setdefault("REALFORMER_NMT_DATA_FIXES", "1")
 
 import realformer_nmt  # noqa: E402,F401  (registers the model)
 
+
+def _interpret_triton_here():
+    """The ``triton`` kernel's CPU tests (tests/test_triton_kernel.py) run it in Triton's
+    interpreter, which must be on before triton is first imported (torch imports it lazily,
+    e.g. for torch.compile). Where CUDA is absent (Triton can run nothing else there), this
+    process imports triton and the kernels with ``TRITON_INTERPRET=1`` and keeps the setting
+    in triton's own knob (read lazily later too); the variable goes again, so the tools the
+    tests start fall back as a user's would. Left alone where the variable is set already,
+    where triton is imported already or not installed."""
+    import importlib.util
+
+    if (torch.cuda.is_available() or "TRITON_INTERPRET" in os.environ or "triton" in sys.modules
+            or importlib.util.find_spec("triton") is None):
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton
+
+        triton.knobs.runtime.interpret = True
+        import realformer_nmt.modules.residual_attention.triton  # noqa: F401
+    finally:
+        del os.environ["TRITON_INTERPRET"]
+
+
+_interpret_triton_here()
+
 REPO = Path(__file__).resolve().parent.parent
 USER_DIR = str(REPO / "realformer_nmt")
 BIN = Path(sys.executable).parent  # the venv's fairseq-train etc.

@@ -175,6 +175,47 @@ def test_bias_kernel_in_bf16_is_as_close_to_float32_as_materialized(layers):
     assert errors["bias"] <= 1.5 * errors["materialized"] + 1e-3
 
 
+def test_running_sum_keeps_no_float32_copy_of_queries_and_keys():
+    """``A_n = A_{n-1} + q k^T`` after a bias layer (``ScoresInFloat32``): the float32 product
+    of upcast bf16 queries and keys, forward and gradients as autograd of that product
+    computes them, while autograd keeps q and k in bf16 only (the product of float32 copies
+    kept both copies, per layer, until backward)."""
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(T, B, H, 8, generator=g).bfloat16().permute(1, 2, 0, 3).requires_grad_(True)
+    k = torch.randn(T, B, H, 8, generator=g).bfloat16().permute(1, 2, 0, 3).requires_grad_(True)
+    prev = torch.randn(B, H, T, T, generator=g).requires_grad_(True)
+    weights = torch.randn(B, H, T, T, generator=g)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t):
+        got = ra.ResidualState(scores=prev, queries=(q,), keys=(k,), terms=2).running_sum()
+    assert got.dtype == torch.float32 and saved == [torch.bfloat16, torch.bfloat16]
+    (got * weights).sum().backward()
+    got_grads = [t.grad.clone() for t in (q, k, prev)]
+    for t in (q, k, prev):
+        t.grad = None
+    want = torch.baddbmm(prev.reshape(B * H, T, T), q.float().reshape(B * H, T, 8),
+                         k.float().reshape(B * H, T, 8).transpose(1, 2)).view(B, H, T, T)
+    (want * weights).sum().backward()
+    assert torch.equal(got, want)
+    for mine, theirs in zip(got_grads, [q.grad, k.grad, prev.grad]):
+        assert mine.dtype == theirs.dtype and (mine.float() - theirs.float()).abs().max() <= 1e-6 * theirs.abs().max()
+
+
+@pytest.mark.parametrize("kind", ["causal+right", "padding", "none"])
+def test_bias_mask_in_half_precision_is_the_float32_mask_cast(kind):
+    """Sum mode, bf16: the bias is the cast of A_{n-1} masked in place, with the values of
+    masking in float32 and casting (no float32 T x S temporary)."""
+    pad, attn_mask = masks(kind)
+    prev = torch.randn(B, H, T, T, generator=torch.Generator().manual_seed(7)) * 300
+    facts = ra.MaskFacts.of(pad, attn_mask)
+    got = ra.bias._additive_bias(prev, 1.0, pad, attn_mask, torch.bfloat16, facts.future)
+    want = prev if attn_mask is None else prev + attn_mask
+    if pad is not None:
+        want = want.masked_fill(pad[:, None, None, :], torch.finfo(torch.bfloat16).min)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want.to(torch.bfloat16))
+    assert facts.future == (attn_mask is not None)
+
+
 # --------------------------------------------------------------------------------------
 # Which kernel each layer runs in a whole model
 # --------------------------------------------------------------------------------------
@@ -233,6 +274,8 @@ CUDA = torch.device("cuda")
 def rule_file(tmp_path, monkeypatch):
     path = tmp_path / "kernel_rule.json"
     monkeypatch.setenv(ra.KERNEL_RULE_ENV, str(path))
+    # the rule is what auto runs where the triton kernel does not apply (test_triton_kernel.py)
+    monkeypatch.setattr(ra.triton_kernel, "unsupported", lambda *args, **kwargs: "not the subject here")
     ra.choice._read_kernel_rule.cache_clear()
     yield path
     ra.choice._read_kernel_rule.cache_clear()

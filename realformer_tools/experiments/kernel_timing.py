@@ -166,7 +166,8 @@ def device_name(device) -> str:
 
 def derive_rule(result: dict) -> dict:
     """The fastest ``(first layer, later layers)`` kernels over a :func:`run`, among those
-    whose peak memory is nowhere above all-``materialized`` (where measured).
+    whose peak memory is nowhere above all-``materialized`` (where measured), ``triton`` aside
+    (``auto`` runs it wherever it applies; the rule is for the rest).
 
     Score: the geometric mean over the run's configurations (lengths, masks) of each
     position variant's time relative to all-materialized. Returns ``{"rule":
@@ -183,7 +184,8 @@ def derive_rule(result: dict) -> dict:
             c["peak_memory_mib"][name] <= c["peak_memory_mib"]["materialized"] * MEMORY_SLACK
             for c in result["configs"] if c.get("peak_memory_mib")
         )
-    eligible = [n for n in scores if memory_ok[n]] or ["materialized"]
+    # triton is measured, not a candidate: auto runs it wherever it applies, the rule elsewhere
+    eligible = [n for n in scores if memory_ok[n] and "triton" not in split_variant(n, layers)] or ["materialized"]
     best = min(eligible, key=scores.get)
     first, later = split_variant(best, layers)
     return {"rule": {"first_layer": first, "later_layers": later}, "scores": scores, "memory_ok": memory_ok,

@@ -19,7 +19,9 @@ Everything RealFormer-specific about attention lives in this package, one concep
 
 * ``state.py``: :class:`ResidualState` (what a layer hands to the next) and the sum/mean rule;
 * ``module.py``: :class:`ResidualMultiheadAttention`, which picks the kernel of each call;
-* ``materialized.py``, ``fused.py``, ``bias.py``: the kernels (below);
+* ``materialized.py``, ``fused.py``, ``bias.py``: the kernels (below); ``triton_kernel.py``
+  the ``triton`` kernel's module side (where it applies, its fallback), ``triton.py`` its
+  Triton kernels (imported only when it runs: triton is optional);
 * ``masks.py``: :class:`MaskFacts`, the facts of a batch's masks the SDPA kernels branch
   on, established once per forward by whoever builds the masks; SDPA's masks; the rows
   that see no real key;
@@ -53,8 +55,15 @@ Kernels (``--residual-attention-kernel``); all compute the same function:
   query and key per layer, the tensors the projections produce anyway. On CPU,
   PyTorch's fused kernel needs equal query and value head dims, so values are
   zero-padded to ``n*d`` there (their extra output columns are zeros and dropped).
+* ``triton``: flash-style Triton kernels that read ``A_{n-1}``, write ``A_n`` (float32,
+  raw and unmasked, the state handed on, as ``materialized``'s) and apply padding and the
+  causal mask inside; a layer stores ``A_n`` and two per-row statistics, no probabilities,
+  and its backward recomputes them from ``A_n`` (``triton.py``). Where it does not apply
+  (no triton, attention dropout, float64 on CUDA, another ``attn_mask`` than fairseq's
+  causal one; on CPU outside Triton's interpreter) a call runs what ``auto`` would without
+  it, said once.
 * ``auto`` (default): per layer and call, :func:`auto_kernel` (the rule and the
-  measurements behind it are written there).
+  measurements behind it are written there); on CUDA ``triton`` wherever it applies.
 
 No kernel reads a tensor's value on the host per layer (each read stalls a GPU's launch
 queue): what ``fused`` and ``bias`` branch on (is ``attn_mask`` fairseq's causal mask, are

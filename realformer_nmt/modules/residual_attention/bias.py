@@ -32,7 +32,7 @@ class BiasKernel:
                              "(batch x heads x tgt_len x src_len of this layer)")
         terms = prev_state.terms + 1
         divisor = self._divisor(terms)
-        bias = _additive_bias(prev, divisor, key_padding_mask, attn_mask, q.dtype)
+        bias = _additive_bias(prev, divisor, key_padding_mask, attn_mask, q.dtype, facts.future)
         # a mask that needs a gradient: only a backend that returns it (see mask_grad_backends)
         restricted = bias.requires_grad
         if restricted:
@@ -54,11 +54,20 @@ class BiasKernel:
 
 
 def _additive_bias(prev: Tensor, divisor: float, key_padding_mask: Optional[Tensor],
-                   attn_mask: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+                   attn_mask: Optional[Tensor], dtype: torch.dtype, causal_mask: bool = False) -> Tensor:
     """``B_n = A_{n-1} / c_n + mask`` in the input dtype, ``[B, H, T, S]``: ``attn_mask`` is
     added, padded keys are *replaced* by the dtype's most negative finite value (as the
-    materialized kernel does: a row whose keys are all padded is uniform, not NaN)."""
-    if divisor != 1.0:
+    materialized kernel does: a row whose keys are all padded is uniform, not NaN).
+
+    ``causal_mask``: ``attn_mask`` is fairseq's future mask (0 and -inf). In sum mode with
+    half-precision inputs and no other mask, the one copy is the cast of ``A_{n-1}``, masked
+    in place (the future filled with -inf, padding as below): the values of masking in
+    float32 and casting, without a float32 ``T x S`` temporary per layer."""
+    if divisor == 1.0 and dtype != prev.dtype and (attn_mask is None or causal_mask):
+        bias = prev.to(dtype)  # a copy: never written into A_{n-1}
+        if attn_mask is not None:
+            bias.masked_fill_(torch.isneginf(attn_mask), float("-inf"))
+    elif divisor != 1.0:
         bias = prev / divisor
         if attn_mask is not None:
             bias.add_(attn_mask.to(bias.dtype))

@@ -9,14 +9,15 @@ from typing import Dict, Tuple
 
 import torch
 
-from . import sdpa_probe
+from . import sdpa_probe, triton_kernel
 
-KERNELS = ("auto", "materialized", "fused", "bias")
+KERNELS = ("auto", "materialized", "fused", "bias", "triton")
 
 logger = logging.getLogger(__name__)
 
 
-def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int) -> str:
+def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int, dtype=None, head_dim=None,
+                prefer_triton: bool = True) -> str:
     """The kernel ``auto`` runs for layer ``terms`` of a path on a full (uncached) pass.
 
     On CPU: the first layer of a path runs ``fused`` (that call is PyTorch's own fused
@@ -35,8 +36,11 @@ def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int) -> 
     back to its unfused math kernel), hence materialized there. ``bias`` on CPU runs SDPA's
     math kernel (a mask with a gradient), no better than ``materialized``.
 
-    On CUDA: the rule measured by the GPU check (``results/gpu/kernel_rule.json``, written
-    by ``python -m realformer_tools.experiments.gpu_check --steps speed`` and shipped in the
+    On CUDA: ``triton`` for every layer wherever it applies (``triton_kernel.unsupported``:
+    triton installed, a GPU of compute capability 8.0 or newer, no attention dropout, half
+    precision or float32; with ``prefer_triton=False`` never). Elsewhere on CUDA, the rule
+    measured by the GPU check (``results/gpu/kernel_rule.json``, written by
+    ``python -m realformer_tools.experiments.gpu_check --steps speed`` and shipped in the
     wheel; a user's own rule overrides it, see ``kernel_rule_source``),
     ``{"rule": {"first_layer": K, "later_layers": K}}``.
     Until a GPU has measured it: ``bias`` for every layer (it stores no probabilities and
@@ -48,6 +52,8 @@ def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int) -> 
         if training_dropout:
             return "materialized"
         return "fused" if terms <= FUSED_MAX_TERMS else "materialized"
+    if prefer_triton and triton_kernel.unsupported(device, dtype, training_dropout, head_dim) is None:
+        return "triton"
     rule = cuda_kernel_rule()
     kernel = rule["first_layer"] if terms == 1 else rule["later_layers"]
     if kernel == "bias" and not sdpa_probe.bias_has_fused_backend(device):

@@ -22,12 +22,15 @@ class MaskFacts(NamedTuple):
     * ``shortest``: the fewest real keys of a row of ``key_padding_mask`` (None: no
       padding mask, or not read);
     * ``dead_rows``: ``[B, 1, T, 1]``, True at query rows that see no real key (every key
-      they may attend to is padded), or None where no row does.
+      they may attend to is padded), or None where no row does;
+    * ``future``: ``attn_mask`` is fairseq's future mask, whatever the padding (the
+      ``triton`` kernel applies it from indices).
     """
 
     causal: bool = False
     shortest: Optional[int] = None
     dead_rows: Optional[Tensor] = None
+    future: bool = False
 
     @classmethod
     def of(cls, key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor]) -> "MaskFacts":
@@ -58,10 +61,10 @@ class MaskFacts(NamedTuple):
         values = torch.stack([c.long() for c in checks]).tolist()  # the one host read
         causal = bool(values[0]) if square else False
         if pad is None:
-            return cls(causal=causal)
+            return cls(causal=causal, future=causal)
         right_padded, shortest, any_dead = values[-3:]
         return cls(causal=causal and bool(right_padded), shortest=int(shortest),
-                   dead_rows=dead[:, None, :, None] if any_dead else None)
+                   dead_rows=dead[:, None, :, None] if any_dead else None, future=causal)
 
 
 def sdpa_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], dtype: torch.dtype,

@@ -14,6 +14,7 @@ from .fused import FusedKernel
 from .masks import MaskFacts
 from .materialized import MaterializedKernel
 from .state import RESIDUAL_MODES, ResidualState, divisor
+from .triton_kernel import TritonKernel, log_fallback_once, unsupported
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
@@ -33,7 +34,7 @@ def new_keys_padding(key_padding_mask: Optional[Tensor], query: Tensor, key: Opt
     return key_padding_mask[:, -new_keys:]
 
 
-class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, MultiheadAttention):
+class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, TritonKernel, MultiheadAttention):
     """fairseq ``MultiheadAttention`` that threads RealFormer's residual scores.
 
     Parameters and incremental-state buffers are fairseq's own (``q_proj``,
@@ -46,8 +47,8 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Mu
             kernels, fused where fairseq fuses) and returns a ``None`` state.
         mode: ``"sum"`` or ``"mean"`` (divide the sum by the number of layers in it
             before the softmax; the undivided sum is still what is passed on).
-        kernel: ``"auto"``, ``"materialized"``, ``"fused"`` or ``"bias"`` (see the
-            package docstring); each kernel is a class of its own file, mixed in here.
+        kernel: ``"auto"``, ``"materialized"``, ``"fused"``, ``"bias"`` or ``"triton"`` (see
+            the package docstring); each kernel is a class of its own file, mixed in here.
     """
 
     def __init__(self, *args, residual: bool = False, mode: str = "sum", kernel: str = "auto", **kwargs):
@@ -120,9 +121,9 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Mu
             return output, weights, None
         need_weights = need_weights or need_head_weights
         kernel = self.kernel_for(query, key, incremental_state, need_weights, prev_state)
-        if kernel in ("fused", "bias"):
+        if kernel in ("fused", "bias", "triton"):
             facts = mask_facts if mask_facts is not None else MaskFacts.of(key_padding_mask, attn_mask)
-            run = self._fused_forward if kernel == "fused" else self._bias_forward
+            run = {"fused": self._fused_forward, "bias": self._bias_forward, "triton": self._triton_forward}[kernel]
             return run(query, key, value, key_padding_mask, attn_mask, prev_state, facts)
         return self._materialized_forward(
             query, key, value, key_padding_mask, incremental_state,
@@ -131,15 +132,21 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Mu
 
     def kernel_for(self, query: Tensor, key: Optional[Tensor], incremental_state, need_weights: bool,
                    prev_state: Optional[ResidualState]) -> str:
-        """The kernel this call runs (``materialized``, ``fused`` or ``bias``)."""
+        """The kernel this call runs (``materialized``, ``fused``, ``bias`` or ``triton``). Where
+        ``triton`` is asked for but does not apply (``triton_kernel.unsupported``), what
+        ``auto`` would run without it, said once."""
         if incremental_state is not None or need_weights:
             return "materialized"  # one row per step / weights wanted: T x S exists anyway
         kernel = self.kernel
+        where = dict(device=query.device, training_dropout=self._dropout_p() > 0,
+                     terms=(prev_state.terms if prev_state is not None else 0) + 1)
         if kernel == "auto":
-            kernel = choice.auto_kernel(
-                device=query.device, training_dropout=self._dropout_p() > 0,
-                terms=(prev_state.terms if prev_state is not None else 0) + 1,
-            )
+            kernel = choice.auto_kernel(**where, dtype=query.dtype, head_dim=self.head_dim)
+        if kernel == "triton":
+            reason = unsupported(query.device, query.dtype, where["training_dropout"], self.head_dim)
+            if reason is not None:
+                kernel = choice.auto_kernel(**where, prefer_triton=False)
+                log_fallback_once(reason, kernel)
         if kernel == "fused" and prev_state is not None and not prev_state.fused:
             # a multiplied-out sum cannot be split into Q and K again
             return "bias" if sdpa_probe.bias_has_fused_backend(query.device) else "materialized"

@@ -47,19 +47,59 @@ class ResidualState(NamedTuple):
 
     def running_sum(self) -> Tensor:
         """``A_n`` as a float32 ``[B, H, T, S]`` tensor, whichever kernel produced it (also
-        under autocast, which would otherwise run these products in half precision)."""
+        under autocast, which would otherwise run these products in half precision). The
+        products are :class:`ScoresInFloat32`'s: no float32 copy of a query or key is kept."""
         device = (self.scores if self.scores is not None else self.queries[0]).device
         with torch.autocast(device_type=device.type, enabled=False):
             if self.scores is None:
-                q = torch.cat(self.queries, dim=-1).float()
-                k = torch.cat(self.keys, dim=-1).float()
-                return torch.matmul(q, k.transpose(-1, -2))
+                return ScoresInFloat32.apply(None, torch.cat(self.queries, dim=-1), torch.cat(self.keys, dim=-1))
             total = self.scores
             for q, k in zip(self.queries, self.keys):
-                bsz, heads, tgt_len, dim = q.shape
-                total = torch.baddbmm(
-                    total.reshape(bsz * heads, tgt_len, -1),
-                    q.float().reshape(bsz * heads, tgt_len, dim),
-                    k.float().reshape(bsz * heads, -1, dim).transpose(1, 2),
-                ).view(bsz, heads, tgt_len, -1)
+                total = ScoresInFloat32.apply(total, q, k)
             return total
+
+
+def _batched(x: Tensor) -> Tensor:
+    """``[B, H, L, X]`` -> ``[B * H, L, X]`` (a copy where the layout needs one)."""
+    return x.reshape(-1, x.size(-2), x.size(-1))
+
+
+class ScoresInFloat32(torch.autograd.Function):
+    """``total + q k^T`` (``total`` None: ``q k^T``) as a float32 ``[B, H, T, S]`` tensor,
+    from ``q`` ``[B, H, T, d]`` and ``k`` ``[B, H, S, d]`` in their own dtype, keeping only
+    ``q`` and ``k`` themselves for backward (autograd of a product of float32 copies keeps
+    the copies: per layer, two float32 tensors the size of q and k, until backward).
+
+    The float32 product of the upcast inputs: on CUDA half-precision inputs go to the
+    tensor cores with float32 accumulation and output (``out_dtype``; products of
+    half-precision numbers are exact in float32), elsewhere they are upcast for the product
+    only. Backward is the float32 product's: ``grad k`` and ``grad^T q`` in float32 on
+    upcast inputs, cast to the inputs' dtype."""
+
+    @staticmethod
+    def forward(ctx, total, q, k):
+        ctx.save_for_backward(q, k)
+        shape = q.shape[:-1] + k.shape[-2:-1]
+        q3, kt = _batched(q), _batched(k).transpose(1, 2)
+        t3 = None if total is None else _batched(total)
+        out = None
+        if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+            try:
+                out = (torch.bmm(q3, kt, out_dtype=torch.float32) if t3 is None
+                       else torch.baddbmm(t3, q3, kt, out_dtype=torch.float32))
+            except (TypeError, RuntimeError, NotImplementedError):  # a torch without out_dtype
+                out = None
+        if out is None:
+            out = torch.bmm(q3.float(), kt.float()) if t3 is None else torch.baddbmm(t3, q3.float(), kt.float())
+        return out.view(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k = ctx.saved_tensors
+        g3 = _batched(grad)
+        grad_q = grad_k = None
+        if ctx.needs_input_grad[1]:
+            grad_q = torch.bmm(g3, _batched(k).float()).to(q.dtype).view(q.shape)
+        if ctx.needs_input_grad[2]:
+            grad_k = torch.bmm(g3.transpose(1, 2), _batched(q).float()).to(k.dtype).view(k.shape)
+        return (grad if ctx.needs_input_grad[0] else None), grad_q, grad_k

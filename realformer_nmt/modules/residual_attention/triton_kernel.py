@@ -1,0 +1,109 @@
+"""The ``triton`` kernel's side of :class:`ResidualMultiheadAttention`: where it applies, the
+fallback where it does not (said once), and the call. The kernels are in ``triton.py``,
+imported only when this kernel runs, so the plugin works without triton installed."""
+
+import importlib.util
+import logging
+import os
+import sys
+from functools import lru_cache
+from typing import Optional
+
+import torch
+
+from .state import ResidualState
+
+logger = logging.getLogger(__name__)
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+MAX_HEAD_DIM = 256
+
+
+def interpreted() -> bool:
+    """Whether Triton kernels run in Triton's interpreter in this process: decided by
+    ``TRITON_INTERPRET`` when triton is first imported (its own library functions are
+    interpreted or compiled then, and ``triton.py``'s kernels follow them)."""
+    language = sys.modules.get("triton.language")
+    if language is None:  # not imported yet: as it will be
+        return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
+    return type(language.zeros).__name__ == "InterpretedFunction"
+
+
+@lru_cache(maxsize=None)
+def _installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+@lru_cache(maxsize=None)
+def _capability(index: int):
+    return torch.cuda.get_device_capability(index)
+
+
+def unsupported(device: torch.device, dtype: Optional[torch.dtype] = None, dropout: bool = False,
+                head_dim: Optional[int] = None) -> Optional[str]:
+    """Why the ``triton`` kernel cannot run a call (None: it can). ``dtype``/``head_dim``
+    None: not checked. On CPU it runs only in Triton's interpreter (``TRITON_INTERPRET=1``,
+    set before triton is imported): a check of the kernel, not a way to train."""
+    if dropout:
+        return "attention dropout > 0, which the kernel does not implement"
+    if not _installed():
+        return "triton is not installed: pip install 'realformer-nmt[triton]'"
+    if device.type == "cpu":
+        if not interpreted():
+            return "on CPU it runs only in Triton's interpreter: TRITON_INTERPRET=1 set before triton is imported"
+    elif device.type == "cuda":
+        if dtype == torch.float64 and not interpreted():
+            return "float64 on CUDA, which it is not built or checked for"
+        if not torch.cuda.is_available():
+            return "no CUDA device"
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if not interpreted() and _capability(index) < (8, 0):
+            return "a GPU of compute capability 8.0 or newer is needed"
+    else:
+        return f"no Triton kernel for {device.type} tensors"
+    if dtype is not None and dtype not in DTYPES:
+        return f"{dtype} inputs"
+    if head_dim is not None and head_dim > MAX_HEAD_DIM:
+        return f"head dim {head_dim} > {MAX_HEAD_DIM}"
+    return None
+
+
+_LOGGED = set()
+
+
+def log_fallback_once(reason: str, kernel: str) -> None:
+    if (reason, kernel) not in _LOGGED:
+        _LOGGED.add((reason, kernel))
+        logger.warning("residual attention kernel 'triton' does not apply here (%s): such calls run '%s' "
+                       "(logged once)", reason, kernel)
+
+
+class TritonKernel:
+    """The ``triton`` kernel, a part of :class:`ResidualMultiheadAttention` (its projections,
+    divisor and fallbacks). The state it hands on is the float32 running sum ``A_n``, as
+    ``materialized``'s, so any kernel can follow it on a path."""
+
+    def _triton_forward(self, query, key, value, key_padding_mask, attn_mask, prev_state, facts):
+        tgt_len, bsz, _ = query.size()
+        src_len = tgt_len if key is None or self.self_attention else key.size(0)
+        causal = attn_mask is not None
+        if causal and not (facts.future and tuple(attn_mask.shape) == (tgt_len, src_len)):
+            log_fallback_once("an attention mask other than fairseq's causal mask", "materialized")
+            return self._materialized_forward(query, key, value, key_padding_mask, None, False, False,
+                                              attn_mask, False, prev_state)
+        from .triton import residual_attention
+
+        q, k, v = self._project(query, key, value)  # [B, H, T|S, d]; q scaled by 1/sqrt(d)
+        prev, terms = None, 1
+        if prev_state is not None:
+            prev = prev_state.running_sum()
+            expected = (bsz, self.num_heads, tgt_len, k.size(2))
+            if tuple(prev.shape) != expected:
+                raise ValueError(f"the previous layer's scores have shape {tuple(prev.shape)}, expected {expected} "
+                                 "(batch x heads x tgt_len x src_len of this layer)")
+            terms += prev_state.terms
+        # the causal kernel skips what lies above the diagonal unless a row sees only padded keys
+        skip_future = causal and (key_padding_mask is None or facts.dead_rows is None)
+        out, scores = residual_attention(q, k, v, prev, key_padding_mask, causal=causal, skip_future=skip_future,
+                                         divisor=self._divisor(terms), scale=1.0)
+        return self._project_out(out, tgt_len, bsz), None, ResidualState.of_scores(scores, terms)

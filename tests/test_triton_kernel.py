@@ -1,0 +1,382 @@
+"""The ``triton`` kernel (realformer_nmt/modules/residual_attention/triton.py) against a float64
+reference written out below: output, new running sum and the gradients of q, k, v and the
+previous sum, for every mask layout of a translation model (encoder self attention with
+left-padded keys, decoder self attention causal with right- or left-padded keys, cross
+attention), sum and mean, the first, a middle and the last layer of a path, lengths that are
+not multiples of the block size, head dims 32, 64 and 128; float32 and float16 / bfloat16
+inputs within the error of fairseq's own attention recipe in that precision; a whole
+``realformer_transformer`` with ``triton`` equals ``materialized`` in training and in cached
+beam search; where it does not apply, it falls back and says so once.
+
+Without CUDA the kernels run in Triton's interpreter (tests/conftest.py switches it on
+before triton is imported), with CUDA on the GPU. Without triton these tests are skipped,
+except the ones that check the plugin works without it.
+"""
+
+import importlib
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO, batch, build, cli_env, make_dictionary
+
+from realformer_nmt.modules import ResidualMultiheadAttention
+from realformer_nmt.modules import residual_attention as ra
+from realformer_nmt.modules.residual_attention import triton_kernel
+
+FMIN = torch.finfo(torch.float32).min
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """The kernel module and the device it runs on here."""
+    pytest.importorskip("triton", reason="triton is not installed (pip install '.[triton]')")
+    if triton_kernel.interpreted():
+        device = "cpu"
+    elif torch.cuda.is_available():
+        device = "cuda"
+    else:
+        pytest.skip("triton is compiled in this process and there is no CUDA device: run with TRITON_INTERPRET=1 "
+                    "set before triton is imported (tests/conftest.py does so where CUDA is absent)")
+    return importlib.import_module("realformer_nmt.modules.residual_attention.triton"), device
+
+
+# --------------------------------------------------------------------------------------
+# One layer against float64
+# --------------------------------------------------------------------------------------
+
+def reference(q, k, v, prev, pad, causal, divisor, scale):
+    """The layer as the paper and the materialized kernel define it: ``A = q k^T scale + prev``
+    (passed on raw), ``softmax(mask(A / divisor)) v``; padded keys get float32's most
+    negative finite logit (a row of padding only is uniform), the future ``-inf``."""
+    a = torch.einsum("bhtd,bhsd->bhts", q, k) * scale
+    if prev is not None:
+        a = a + prev
+    logits = a / divisor
+    if causal:
+        future = torch.ones(logits.shape[-2:], dtype=torch.bool, device=q.device).triu(1)
+        logits = logits.masked_fill(future, float("-inf"))
+    if pad is not None:
+        logits = logits.masked_fill(pad[:, None, None, :], FMIN)
+    return torch.einsum("bhts,bhsd->bhtd", torch.softmax(logits, -1), v), a
+
+
+def fairseq_recipe(q, k, v, prev, pad, causal, divisor, scale):
+    """fairseq's own (unfused) attention in the inputs' precision: ``q`` scaled and ``q k^T``
+    in that dtype, softmax in float32, probabilities cast back, ``P v`` in that dtype; the
+    residual sum in float32, as the materialized kernel keeps it."""
+    a = torch.matmul(q * scale, k.transpose(-1, -2)).float()
+    if prev is not None:
+        a = a + prev
+    logits = a / divisor
+    if causal:
+        logits = logits.masked_fill(torch.ones(logits.shape[-2:], dtype=torch.bool, device=q.device).triu(1),
+                                    float("-inf"))
+    if pad is not None:
+        logits = logits.masked_fill(pad[:, None, None, :], FMIN)
+    return torch.matmul(torch.softmax(logits, -1).to(v.dtype), v), a
+
+
+# name: (causal, padding side, (T, S) in the interpreter, (T, S) on a GPU); blocks are 16 / 64
+LAYOUTS = {
+    "encoder": (False, "left", (18, 18), (130, 130)),
+    "decoder": (True, "right", (18, 18), (130, 130)),
+    "decoder, left-padded": (True, "left", (18, 18), (130, 130)),  # rows that see only padding
+    "cross": (False, "left", (17, 21), (70, 150)),
+}
+POSITIONS = {"first": (False, False, 1), "middle": (True, True, 3), "last": (True, False, 4)}  # prev, G_next, n
+
+
+def inputs(layout, position, head_dim, device, seed=0, bsz=2, heads=2):
+    causal, side, cpu_shape, gpu_shape = LAYOUTS[layout]
+    tgt_len, src_len = cpu_shape if device == "cpu" else gpu_shape
+    has_prev, has_gnext, _ = POSITIONS[position]
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    # q, k, v as the module lays them out: [T, B, H, d] storage seen as [B, H, T, d]
+    q = randn(tgt_len, bsz, heads, head_dim).permute(1, 2, 0, 3) * 2
+    k = randn(src_len, bsz, heads, head_dim).permute(1, 2, 0, 3)
+    v = randn(src_len, bsz, heads, head_dim).permute(1, 2, 0, 3)
+    prev = randn(bsz, heads, tgt_len, src_len) * 3 if has_prev else None
+    pad = torch.zeros(bsz, src_len, dtype=torch.bool)
+    if side == "left":
+        pad[0, :5] = True
+        pad[1, :1] = True
+    else:
+        pad[0, -5:] = True
+        pad[1, -1:] = True
+    dout = randn(bsz, heads, tgt_len, head_dim)
+    gnext = randn(bsz, heads, tgt_len, src_len) if has_gnext else None
+    tensors = (q, k, v, prev, pad, dout, gnext)
+    return tuple(None if t is None else t.to(device) for t in tensors), causal, side
+
+
+def run_layer(fn, q, k, v, prev, dout, gnext, dtype):
+    """``(out, A, dq, dk, dv, dprev)`` of ``fn`` on inputs cast to ``dtype`` (the previous sum
+    stays float32, float64 for float64), for the loss ``<out, dout> + <A, G_{n+1}>``."""
+    sum_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    leaves = [t.detach().to(dtype).requires_grad_(True) for t in (q, k, v)]
+    leaves.append(None if prev is None else prev.detach().to(sum_dtype).requires_grad_(True))
+    out, a = fn(*leaves)
+    loss = (out.double() * dout).sum()
+    if gnext is not None:
+        loss = loss + (a.double() * gnext).sum()
+    loss.backward()
+    return [out, a] + [t.grad for t in leaves if t is not None]
+
+
+def errors(got, want):
+    """max |got - want| / max |want|, per tensor."""
+    return [((g.double() - w).abs().max() / w.abs().max()).item() for g, w in zip(got, want)]
+
+
+def norm_errors(got, want):
+    """|got - want| / |want| (Frobenius norms), per tensor: the typical error, where the
+    largest one of a low-precision tensor is one rounding's luck."""
+    return [((g.double() - w).norm() / w.norm()).item() for g, w in zip(got, want)]
+
+
+def compare(kernels, layout, position, mode, head_dim, dtype, skip_future=True):
+    module, device = kernels
+    (q, k, v, prev, pad, dout, gnext), causal, side = inputs(layout, position, head_dim, device)
+    divisor = float(POSITIONS[position][2]) if mode == "mean" else 1.0
+    scale = float(torch.tensor(head_dim ** -0.5, dtype=torch.float32))  # as the kernel receives it
+    want = run_layer(lambda *t: reference(*t, pad, causal, divisor, scale), q, k, v, prev, dout, gnext,
+                     torch.float64)
+
+    def kernel(q_, k_, v_, prev_):
+        return module.residual_attention(q_, k_, v_, prev_, pad, causal=causal,
+                                         skip_future=skip_future and side == "right", divisor=divisor, scale=scale)
+
+    got = run_layer(kernel, q, k, v, prev, dout, gnext, dtype)
+    assert got[0].dtype == dtype and got[1].dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert all(torch.isfinite(t).all() for t in got)
+    return got, want, (q, k, v, prev, pad, dout, gnext, causal, divisor, scale)
+
+
+NAMES = ["output", "new sum", "dq", "dk", "dv", "d previous sum"]
+HEAD_DIMS = {"encoder": 32, "decoder": 64, "decoder, left-padded": 128, "cross": 32}
+
+
+@pytest.mark.parametrize("position,mode", [("first", "sum"), ("middle", "sum"), ("middle", "mean"), ("last", "sum"),
+                                           ("last", "mean")])  # a first layer's mean is its sum (c_1 = 1)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_float64_equals_the_reference(kernels, layout, position, mode):
+    """Every layout, position and mode, in float64: rounding only (measured: ~1e-15)."""
+    got, want, _ = compare(kernels, layout, position, mode, HEAD_DIMS[layout], torch.float64)
+    for name, err in zip(NAMES, errors(got, want)):
+        assert err < 1e-12, f"{name}: {err:.1e}"
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_head_dims(kernels, head_dim):
+    got, want, _ = compare(kernels, "cross", "middle", "mean", head_dim, torch.float64)
+    assert max(errors(got, want)) < 1e-12
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_float32_equals_the_reference(kernels, layout):
+    """float32 inputs, IEEE dot products (no TF32): float32 rounding (measured: <= 1e-6)."""
+    for mode in ("sum", "mean"):
+        got, want, _ = compare(kernels, layout, "middle", mode, HEAD_DIMS[layout], torch.float32)
+        for name, err in zip(NAMES, errors(got, want)):
+            assert err < 1e-5, f"{mode}, {name}: {err:.1e}"
+
+
+def test_causal_kernel_skips_only_what_no_row_sees(kernels):
+    """The causal kernel with and without skipping the blocks above the diagonal (right
+    padding: every row sees a real key) computes the same, to float64 rounding."""
+    skipped, want, _ = compare(kernels, "decoder", "middle", "sum", 32, torch.float64, skip_future=True)
+    full, _, _ = compare(kernels, "decoder", "middle", "sum", 32, torch.float64, skip_future=False)
+    assert max(errors(skipped, want)) < 1e-12 and max(errors(full, want)) < 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_half_precision_within_fairseqs_own_error(kernels, layout, dtype):
+    """Each tensor no further from float64 (relative, in norm) than twice the distance of
+    fairseq's own attention recipe in the same precision on the same inputs (measured and
+    printed here)."""
+    got, want, (q, k, v, prev, pad, dout, gnext, causal, divisor, scale) = compare(
+        kernels, layout, "middle", "mean", HEAD_DIMS[layout], dtype)
+    recipe = run_layer(lambda *t: fairseq_recipe(*t, pad, causal, divisor, scale), q, k, v, prev, dout, gnext, dtype)
+    ours, theirs = norm_errors(got, want), norm_errors(recipe, want)
+    print(f"\n{layout} {dtype}: triton " + " ".join(f"{e:.1e}" for e in ours)
+          + " | fairseq recipe " + " ".join(f"{e:.1e}" for e in theirs))
+    for name, mine, yardstick in zip(NAMES, ours, theirs):
+        assert mine <= 2 * yardstick + 1e-6, f"{name}: {mine:.1e} against fairseq's {yardstick:.1e}"
+
+
+# --------------------------------------------------------------------------------------
+# In the module and the model
+# --------------------------------------------------------------------------------------
+
+def test_module_stack_equals_materialized_on_every_row_and_kind(kernels):
+    """A stack of four attention modules (as tests/test_kernels_agree.py runs the others):
+    rows that see only padding, a fully padded sentence, padding alone."""
+    import test_kernels_agree as agree
+
+    if kernels[1] == "cuda":
+        pytest.skip("the module helpers of test_kernels_agree run on CPU")
+    for kind, mode in (("causal+left", "sum"), ("fully-padded-row", "mean")):
+        x = torch.randn(agree.T, agree.B, agree.C, generator=torch.Generator().manual_seed(1))
+        pad, attn_mask = agree.masks(kind)
+        ref = agree.forward_backward("materialized", mode, pad, attn_mask, x)
+        got = agree.forward_backward("triton", mode, pad, attn_mask, x)
+        for i, what in enumerate(["outputs", "running sums", "input gradients"]):
+            assert agree.relative_error(got[i], ref[i]) < 1e-5, (kind, what)
+        worst = agree.relative_error(torch.cat([g.flatten() for g in got[3]]), torch.cat([g.flatten() for g in ref[3]]))
+        assert worst < 1e-5, (kind, "parameter gradients")
+
+
+MODEL = dict(encoder_attention_heads=2, decoder_attention_heads=2)
+
+
+def twins(dictionary, device, mode="sum", **overrides):
+    ref = build(dictionary=dictionary, residual_attention_kernel="materialized", residual_attention_mode=mode,
+                **MODEL, **overrides)
+    model = build(dictionary=dictionary, residual_attention_kernel="triton", residual_attention_mode=mode,
+                  **MODEL, **overrides)
+    model.load_state_dict(ref.state_dict())
+    return model.to(device), ref.to(device)
+
+
+def record_kernels(monkeypatch):
+    ran = []
+    original = ResidualMultiheadAttention._triton_forward
+
+    def wrapper(self, *args, **kwargs):
+        ran.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ResidualMultiheadAttention, "_triton_forward", wrapper)
+    return ran
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_model_trains_as_materialized(kernels, monkeypatch, mode):
+    """A 3+3-layer realformer_transformer in training mode, left-padded sources and
+    right-padded targets: logits and every parameter's gradient equal materialized's; every
+    path ran the kernel (the alignment layer's cross attention returns weights: materialized)."""
+    device = kernels[1]
+    d = make_dictionary()
+    model, ref = twins(d, device, mode)
+    src, lengths, tgt = (t.to(device) for t in batch(d, bsz=2))
+    tgt[0, -2:] = d.pad()
+    ran = record_kernels(monkeypatch)
+    results = []
+    for m in (model.train(), ref.train()):
+        logits, _ = m(src, lengths, tgt)
+        logits.float().pow(2).mean().backward()
+        results.append((logits.detach(), {n: p.grad for n, p in m.named_parameters()}))
+    (got, got_grads), (want, want_grads) = results
+    assert (got - want).abs().max() < 1e-5
+    for name, grad in want_grads.items():
+        assert (got_grads[name] - grad).abs().max() < 1e-5, name
+    layers = model.encoder.layers
+    assert set(ran) >= {layer.self_attn for layer in layers} | {layer.self_attn for layer in model.decoder.layers} \
+        | {layer.encoder_attn for layer in model.decoder.layers[:-1]}
+
+
+def test_cached_beam_search_equals_materialized(kernels):
+    """fairseq's SequenceGenerator (the encoder runs the kernel; cached steps run
+    materialized): the same hypotheses with the same scores."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    device = kernels[1]
+    d = make_dictionary()
+    model, ref = twins(d, device, "mean")
+    src, lengths, _ = (t.to(device) for t in batch(d, bsz=2))
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+    with torch.no_grad():
+        hypos = [SequenceGenerator([m.eval()], d, beam_size=3, max_len_b=6, min_len=2).forward(sample)
+                 for m in (model, ref)]
+    for got, want in zip(*hypos):
+        assert [h["tokens"].tolist() for h in got] == [h["tokens"].tolist() for h in want]
+        for g, w in zip(got, want):
+            assert (g["positional_scores"] - w["positional_scores"]).abs().max() < 1e-5
+
+
+# --------------------------------------------------------------------------------------
+# Where it does not apply
+# --------------------------------------------------------------------------------------
+
+def stack_module(kernel="triton", **kw):
+    torch.manual_seed(0)
+    return ResidualMultiheadAttention(16, 4, self_attention=True, residual=True, kernel=kernel, **kw)
+
+
+def test_falls_back_where_it_does_not_apply_and_says_so_once(kernels, monkeypatch, caplog):
+    device = kernels[1]
+    monkeypatch.setattr(triton_kernel, "_LOGGED", set())
+    x = torch.randn(5, 2, 16, device=device)
+    dropout = stack_module(dropout=0.1).to(device).train()
+    with caplog.at_level(logging.WARNING, logger=triton_kernel.__name__):
+        assert dropout.kernel_for(x, x, None, False, None) != "triton"
+        assert dropout.kernel_for(x, x, None, False, None) != "triton"
+        assert dropout.eval().kernel_for(x, x, None, False, None) == "triton"
+        assert dropout.kernel_for(x, x, {}, False, None) == "materialized"  # cached decoding
+        assert dropout.kernel_for(x, x, None, True, None) == "materialized"  # weights requested
+        other_mask = torch.zeros(5, 5)  # an additive mask other than the causal one
+        ran = record_kernels(monkeypatch)
+        want, _, _ = stack_module(kernel="materialized").to(device)(x, x, x, attn_mask=other_mask, need_weights=False)
+        got, _, state = stack_module().to(device)(x, x, x, attn_mask=other_mask, need_weights=False)
+        assert ran and (got - want).abs().max() < 1e-5 and state.scores is not None
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("attention dropout" in m for m in said) == 1
+    assert sum("other than fairseq's causal mask" in m and "'materialized'" in m for m in said) == 1
+
+
+def test_reasons_it_does_not_apply(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(triton_kernel, "_installed", lambda: False)
+    assert "not installed" in triton_kernel.unsupported(cpu)
+    monkeypatch.setattr(triton_kernel, "_installed", lambda: True)
+    monkeypatch.setattr(triton_kernel, "interpreted", lambda: False)
+    assert "TRITON_INTERPRET=1" in triton_kernel.unsupported(cpu)
+    assert "float64" in triton_kernel.unsupported(cuda, torch.float64)
+    assert "dropout" in triton_kernel.unsupported(cuda, torch.float16, dropout=True)
+    monkeypatch.setattr(triton_kernel, "interpreted", lambda: True)
+    assert triton_kernel.unsupported(cpu, torch.float16, head_dim=64) is None
+    assert "head dim" in triton_kernel.unsupported(cpu, torch.float16, head_dim=512)
+    assert "int" in triton_kernel.unsupported(cpu, torch.int32)
+
+
+def test_auto_on_cuda_prefers_triton_where_it_applies(monkeypatch):
+    monkeypatch.setattr(ra.sdpa_probe, "bias_has_fused_backend", lambda device: True)
+    monkeypatch.setattr(ra.choice, "cuda_kernel_rule", lambda: dict(ra.DEFAULT_CUDA_RULE))
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(triton_kernel, "unsupported", lambda *a, **k: None)
+    assert [ra.auto_kernel(device=cuda, training_dropout=False, terms=n) for n in (1, 2)] == ["triton", "triton"]
+    assert ra.auto_kernel(device=cuda, training_dropout=False, terms=2, prefer_triton=False) == "bias"
+    assert ra.auto_kernel(device=torch.device("cpu"), training_dropout=False, terms=2) == "materialized"
+    monkeypatch.setattr(triton_kernel, "unsupported", lambda *a, **k: "attention dropout > 0")
+    assert ra.auto_kernel(device=cuda, training_dropout=True, terms=2) == "bias"
+
+
+def test_the_plugin_works_without_importing_triton():
+    """Importing the plugin, building a model and training a step with ``auto`` and with
+    ``triton`` (which falls back on CPU outside the interpreter) import no triton."""
+    code = (
+        "import sys, torch, conftest\n"
+        "from conftest import batch, build, make_dictionary\n"
+        "d = make_dictionary()\n"
+        "for kernel in ('auto', 'triton'):\n"
+        "    model = build(dictionary=d, residual_attention_kernel=kernel).train()\n"
+        "    src, lengths, tgt = batch(d)\n"
+        "    model(src, lengths, tgt)[0].sum().backward()\n"
+        "assert 'triton' not in sys.modules, 'triton was imported'\n"
+        "print('ok')\n"
+    )
+    env = cli_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env["PYTHONPATH"]])
+    env["TRITON_INTERPRET"] = "0"  # as a user's CPU install: conftest leaves triton alone
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
