@@ -260,6 +260,7 @@ def _run_all(commands, logs, limit=4):
 @trains
 def user_runs(multi30k_words, tmp_path_factory):
     """``{(what, flavour): CompletedProcess}`` and the save dirs, for every flavour."""
+    require_shared_data(MULTI30K)
     work = tmp_path_factory.mktemp("user_runs")
     train = {("train", f): (_cmd("fairseq-train", f, multi30k_words, *TINY, "--max-epoch", 2, "--save-dir",
                                  work / f), _flavour_env(f)) for f in FLAVOURS}

@@ -17,6 +17,7 @@ from .report import (
     bleu_cell,
     excludes_zero,
     fmt,
+    not_run_lines,
     paired_cell,
     recipe_lines,
     seconds,
@@ -198,16 +199,6 @@ def reproducibility(trained, committed, previous, source):
     return {"rule": REPRODUCIBILITY_RULE,
             "runs": [records[k] for k in sorted(records, key=lambda k: (rank.get(k[0], len(rank)), k[1]))]}
 
-
-def not_run_lines(summary):
-    """The Markdown note listing the runs a partial report leaves out (none: no lines)."""
-    missing = (summary.get("progress") or {}).get("missing") or []
-    if not missing:
-        return []
-    names = ", ".join(" ".join(f"{k} {v:g}" if k == "lr" else f"{v}" if k == "backbone" else f"{k} {v}"
-                               for k, v in m.items()) for m in missing)
-    return [f"**Partial results**: {len(missing)} of {len(missing) + len(summary['progress']['done'])} runs not run "
-            f"or not finished yet, left out of every number here: {names}.", ""]
 
 
 def seeds_phrase(n_seeds, seeds, equal=True):

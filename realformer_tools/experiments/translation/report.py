@@ -157,3 +157,13 @@ def imported_lines(summary):
         lines += [f"Taken from `{source}` (trained earlier with the identical recipe; fairseq's CPU training is "
                   f"reproducible, so they were not trained again): {', '.join(runs)}.", ""]
     return lines
+
+def not_run_lines(summary):
+    """The Markdown note listing the runs a partial report leaves out (none: no lines)."""
+    missing = (summary.get("progress") or {}).get("missing") or []
+    if not missing:
+        return []
+    names = ", ".join(" ".join(f"{k} {v:g}" if k == "lr" else f"{v}" if k == "backbone" else f"{k} {v}"
+                               for k, v in m.items()) for m in missing)
+    return [f"**Partial results**: {len(missing)} of {len(missing) + len(summary['progress']['done'])} runs not run "
+            f"or not finished yet, left out of every number here: {names}.", ""]

@@ -17,10 +17,9 @@ from dataclasses import replace
 
 from realformer_nmt.errors import ConfigError
 
-from .compare import not_run_lines
 from .figures import COLORS, curve_with_band, pyplot
 from .recipe import corpus_info, test_references
-from .report import SEED_PAIRED_NOTE, fmt, outcome_table, recipe_lines, seed_paired_cell, write_outputs
+from .report import SEED_PAIRED_NOTE, fmt, not_run_lines, outcome_table, recipe_lines, seed_paired_cell, write_outputs
 from .runs import (
     check_backbones,
     done_and_missing,
