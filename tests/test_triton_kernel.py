@@ -360,6 +360,43 @@ def test_auto_on_cuda_prefers_triton_where_it_applies(monkeypatch):
     assert ra.auto_kernel(device=cuda, training_dropout=True, terms=2) == "bias"
 
 
+def test_auto_stops_choosing_triton_when_triton_fails_here(kernels, monkeypatch, caplog):
+    """auto chose triton and Triton itself failed (a compile or launch error on a machine it was
+    not checked on): the call runs what auto runs without it, later calls too, said once; an
+    explicit ``triton`` lets the error through, and so does auto for an error not Triton's."""
+    from realformer_nmt.modules.residual_attention import triton as triton_py
+
+    device = kernels[1]
+    failure = type("CompilationError", (Exception,), {"__module__": "triton.compiler.errors"})
+
+    def broken(*args, **kwargs):
+        raise failure("at 12:4: unsupported layout")
+
+    monkeypatch.setattr(triton_py, "residual_attention", broken)
+    monkeypatch.setattr(triton_kernel, "_DISABLED", [])
+    monkeypatch.setattr(triton_kernel, "_LOGGED", set())
+    monkeypatch.setattr(ra.choice, "auto_kernel",
+                        lambda *a, prefer_triton=True, **k: "triton" if prefer_triton and not triton_kernel._DISABLED
+                        else "materialized")
+    x = torch.randn(5, 2, 16, device=device)
+    with pytest.raises(failure):
+        stack_module(kernel="triton").to(device)(x, x, x, need_weights=False)
+    assert triton_kernel._DISABLED == []
+    want, _, _ = stack_module(kernel="materialized").to(device)(x, x, x, need_weights=False)
+    auto = stack_module(kernel="auto").to(device)
+    with caplog.at_level(logging.WARNING, logger=triton_kernel.__name__):
+        got, _, state = auto(x, x, x, need_weights=False)
+        again, _, _ = auto(x, x, x, need_weights=False)
+    assert (got - want).abs().max() < 1e-5 and (again - want).abs().max() < 1e-5 and state.scores is not None
+    assert "CompilationError" in triton_kernel.unsupported(device, torch.float32)
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("disabled for auto" in m and "Triton failed on this machine" in m for m in said) == 1
+    monkeypatch.setattr(triton_kernel, "_DISABLED", [])
+    monkeypatch.setattr(triton_py, "residual_attention", lambda *a, **k: (_ for _ in ()).throw(ValueError("ours")))
+    with pytest.raises(ValueError, match="ours"):
+        stack_module(kernel="auto").to(device)(x, x, x, need_weights=False)
+
+
 def test_the_plugin_works_without_importing_triton():
     """Importing the plugin, building a model and training a step with ``auto`` and with
     ``triton`` (which falls back on CPU outside the interpreter) import no triton."""

@@ -7,7 +7,7 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from ..dropout_names import use_fairseq_dropout_names
-from . import choice, sdpa_probe
+from . import choice, sdpa_probe, triton_kernel
 from .bias import BiasKernel
 from .choice import KERNELS
 from .fused import FusedKernel
@@ -124,7 +124,17 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
         if kernel in ("fused", "bias", "triton"):
             facts = mask_facts if mask_facts is not None else MaskFacts.of(key_padding_mask, attn_mask)
             run = {"fused": self._fused_forward, "bias": self._bias_forward, "triton": self._triton_forward}[kernel]
-            return run(query, key, value, key_padding_mask, attn_mask, prev_state, facts)
+            try:
+                return run(query, key, value, key_padding_mask, attn_mask, prev_state, facts)
+            except Exception as error:  # only Triton's own errors, only under auto (below)
+                if kernel != "triton" or self.kernel != "auto" or not type(error).__module__.startswith("triton"):
+                    raise
+                # auto chose triton and Triton failed to compile or launch it here (a GPU, driver or
+                # Triton version it was not checked on): auto stops choosing it in this process, says
+                # so once, and the call runs what auto runs without it
+                triton_kernel.disable(f"Triton failed on this machine: {type(error).__name__}: {error}"[:300])
+                return self.forward(query, key, value, key_padding_mask, incremental_state, need_weights,
+                                    static_kv, attn_mask, need_head_weights, prev_state, mask_facts)
         return self._materialized_forward(
             query, key, value, key_padding_mask, incremental_state,
             need_weights, static_kv, attn_mask, need_head_weights, prev_state,

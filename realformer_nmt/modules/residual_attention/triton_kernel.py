@@ -44,6 +44,8 @@ def unsupported(device: torch.device, dtype: Optional[torch.dtype] = None, dropo
     """Why the ``triton`` kernel cannot run a call (None: it can). ``dtype``/``head_dim``
     None: not checked. On CPU it runs only in Triton's interpreter (``TRITON_INTERPRET=1``,
     set before triton is imported): a check of the kernel, not a way to train."""
+    if _DISABLED:
+        return _DISABLED[0]
     if dropout:
         return "attention dropout > 0, which the kernel does not implement"
     if not _installed():
@@ -69,6 +71,17 @@ def unsupported(device: torch.device, dtype: Optional[torch.dtype] = None, dropo
 
 
 _LOGGED = set()
+_DISABLED = []  # the reason, once Triton failed to compile or launch the kernel under auto (disable)
+
+
+def disable(reason: str) -> None:
+    """Make ``unsupported`` give ``reason`` from now on in this process: ``auto`` chose
+    ``triton`` and Triton itself failed on this machine, so ``auto`` stops choosing it (an
+    explicit ``--residual-attention-kernel triton`` lets the error through)."""
+    if not _DISABLED:
+        _DISABLED.append(reason)
+        logger.warning("residual attention kernel 'triton' disabled for auto in this process (%s): auto runs "
+                       "its other kernels", reason)
 
 
 def log_fallback_once(reason: str, kernel: str) -> None:
