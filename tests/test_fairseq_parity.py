@@ -94,3 +94,98 @@ def test_parameter_names_are_fairseqs(dictionary):
         "decoder.output_projection.weight",
     ]:
         assert expected in names
+
+
+def _same_weights_pair(dictionary, **overrides):
+    """Ours with paths none and fairseq's transformer, holding the same weights."""
+    ours = build(dictionary=dictionary, residual_attention_paths="none", seed=0, **overrides)
+    theirs = build("transformer", dictionary=dictionary, seed=1, **overrides)
+    theirs.load_state_dict(ours.state_dict())
+    return ours, theirs
+
+
+def test_encoder_fc_results_are_fairseqs(dictionary):
+    """``fc_results`` in the encoder's output dict as fairseq's encoder gives it: empty
+    without ``return_all_hiddens``; with it one entry per layer, None unless the encoder
+    was built with ``return_fc`` (as data2vec builds it), then ``fc2``'s output."""
+    from fairseq.models.transformer import TransformerEncoderBase
+
+    from realformer_nmt.models.realformer_transformer import RealFormerTransformerEncoder
+
+    ours, theirs = _same_weights_pair(dictionary, encoder_layers=3)
+    src, lengths, _ = batch(dictionary)
+    with torch.no_grad():
+        for hiddens in (False, True):
+            a = ours.encoder(src, lengths, return_all_hiddens=hiddens)
+            b = theirs.encoder(src, lengths, return_all_hiddens=hiddens)
+            assert set(a) == set(b)
+            assert a["fc_results"] == b["fc_results"] == ([None] * 3 if hiddens else [])
+            assert len(a["encoder_states"]) == len(b["encoder_states"]) == (4 if hiddens else 0)
+            for x, y in zip(a["encoder_states"], b["encoder_states"]):
+                assert (x - y).abs().max() < 1e-5
+
+    # return_fc: each layer's fc2 output before dropout, as fairseq's layers return it
+    enc_a = RealFormerTransformerEncoder(ours.encoder.cfg, dictionary, ours.encoder.embed_tokens,
+                                         return_fc=True).eval()
+    enc_b = TransformerEncoderBase(theirs.encoder.cfg, dictionary, theirs.encoder.embed_tokens,
+                                   return_fc=True).eval()
+    enc_a.load_state_dict(ours.encoder.state_dict())
+    enc_b.load_state_dict(ours.encoder.state_dict())
+    assert all(layer.return_fc for layer in enc_a.layers)
+    with torch.no_grad():
+        a = enc_a(src, lengths, return_all_hiddens=True)
+        b = enc_b(src, lengths, return_all_hiddens=True)
+        assert enc_a(src, lengths)["fc_results"] == []
+    assert len(a["fc_results"]) == len(b["fc_results"]) == 3
+    for x, y in zip(a["fc_results"], b["fc_results"]):
+        assert x is not None and x.shape == (src.size(1), src.size(0), 16)
+        assert (x - y).abs().max() < 1e-5
+    assert (a["encoder_out"][0] - b["encoder_out"][0]).abs().max() < 1e-5
+
+
+def _cross_attn_weights(model, src, lengths, tgt):
+    """Each decoder layer's returned attention, the layers called one by one as
+    fairseq's decoder calls them."""
+    decoder = model.decoder
+    encoder_out = model.encoder(src, lengths)
+    x = decoder.embed_scale * decoder.embed_tokens(tgt)
+    x = x + decoder.embed_positions(tgt)
+    x = x.transpose(0, 1)
+    mask = decoder.buffered_future_mask(x)
+    out = []
+    for layer in decoder.layers:
+        result = layer(x, encoder_out["encoder_out"][0], encoder_out["encoder_padding_mask"][0],
+                       self_attn_mask=mask)
+        x, attn = result[0], result[1]
+        out.append(attn)
+    return out
+
+
+def test_decoder_layer_honours_need_attn_as_fairseqs(dictionary):
+    """The decoder layer returns its cross-attention weights exactly when fairseq's does:
+    in eval mode while ``need_attn`` is set (fairseq's default), not after
+    ``make_generation_fast_(need_attn=False)`` (fairseq-generate without
+    --print-alignment), not in training mode; the weights are fairseq's."""
+    ours, theirs = _same_weights_pair(dictionary, decoder_layers=2, dropout=0.0, attention_dropout=0.0,
+                                      activation_dropout=0.0)
+    src, lengths, tgt = batch(dictionary)
+    with torch.no_grad():
+        a, b = _cross_attn_weights(ours, src, lengths, tgt), _cross_attn_weights(theirs, src, lengths, tgt)
+        assert all(w is not None for w in b)  # fairseq's eval default: every layer's
+        assert all(w is not None for w in a)
+        for x, y in zip(a, b):
+            assert x.shape == y.shape and (x - y).abs().max() < 1e-6
+        for model in (ours, theirs):
+            model.make_generation_fast_(need_attn=False)
+            assert not any(layer.need_attn for layer in model.decoder.layers)
+        assert _cross_attn_weights(theirs, src, lengths, tgt) == [None, None]
+        assert _cross_attn_weights(ours, src, lengths, tgt) == [None, None]
+        # the decoder's alignment attention does not depend on need_attn, in either
+        _, extra_a = ours(src, lengths, tgt)
+        _, extra_b = theirs(src, lengths, tgt)
+        assert (extra_a["attn"][0] - extra_b["attn"][0]).abs().max() < 1e-6
+        for model in (ours, theirs):
+            model.make_generation_fast_(need_attn=True)
+            torch.nn.Module.train(model)  # fairseq's make_generation_fast_ blocks model.train()
+        assert _cross_attn_weights(theirs, src, lengths, tgt) == [None, None]
+        assert _cross_attn_weights(ours, src, lengths, tgt) == [None, None]

@@ -3,12 +3,20 @@
 They are fairseq's ``TransformerEncoderLayerBase`` / ``TransformerDecoderLayerBase``
 (same sub-modules, parameter names and Post-LN/Pre-LN switch) whose attention
 modules are :class:`ResidualMultiheadAttention`. ``forward`` takes the previous
-layer's :class:`ResidualState` for each path and returns this layer's next to the
-hidden states.
+layer's :class:`ResidualState` for each path and returns this layer's next to what
+fairseq's layer returns.
+
+Why ``forward`` is a copy of fairseq's rather than a call to it: the residual state is an
+input and an output of each layer (passed as arguments, not kept on the module, so that
+activation checkpointing replays a layer with the state it was given), and fairseq's
+``forward`` neither passes a state to its attention modules nor returns one.
+Everything else (sub-modules, parameter names, ``return_fc``, ``need_attn`` /
+``make_generation_fast_``, ``upgrade_state_dict_named``) is fairseq's, inherited.
+The copies are listed in docs/development.md.
 """
 
 import contextlib
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from fairseq.distributed import fsdp_wrap
@@ -72,8 +80,10 @@ def build_attention(layer, embed_dim, cfg, heads, xformers_att_config, residual_
     )
 
 
-def feed_forward(layer, x: Tensor) -> Tensor:
-    """The position-wise FFN sub-block with its residual and layer norm (fairseq's)."""
+def feed_forward(layer, x: Tensor) -> Tuple[Tensor, Tensor]:
+    """The position-wise FFN sub-block with its residual and layer norm (fairseq's).
+    Returns ``(x, fc_result)``: ``fc_result`` is ``fc2``'s output before dropout, what
+    fairseq's encoder layer returns with ``return_fc``."""
     residual = x
     if layer.normalize_before:
         x = layer.final_layer_norm(x)
@@ -81,23 +91,27 @@ def feed_forward(layer, x: Tensor) -> Tensor:
     x = layer.activation_dropout_module(x)
     if getattr(layer, "ffn_layernorm", None) is not None:
         x = layer.ffn_layernorm(x)
-    x = layer.fc2(x)
+    x = fc_result = layer.fc2(x)
     x = layer.dropout_module(x)
     if getattr(layer, "w_resid", None) is not None:
         residual = torch.mul(layer.w_resid, residual)
     x = layer.residual_connection(x, residual)
     if not layer.normalize_before:
         x = layer.final_layer_norm(x)
-    return x
+    return x, fc_result
 
 
 class RealFormerEncoderLayer(TransformerEncoderLayerBase):
-    """Encoder layer: ``(x, prev_state) -> (x, state)`` on the encoder self path."""
+    """Encoder layer: ``(x, prev_state) -> (x, fc_result, state)`` on the encoder self path.
 
-    def __init__(self, cfg, residual: bool = False, mode: str = "sum", kernel: str = "auto"):
+    ``fc_result``: as fairseq's layer with ``return_fc`` (``fc2``'s output before
+    dropout), None without it."""
+
+    def __init__(self, cfg, return_fc: bool = False, residual: bool = False, mode: str = "sum",
+                 kernel: str = "auto"):
         # read by build_self_attention, which fairseq's __init__ calls
         self._residual_args = dict(residual=residual, mode=mode, kernel=kernel)
-        super().__init__(cfg)
+        super().__init__(cfg, return_fc=return_fc)
         use_fairseq_dropout_names(self, "TransformerEncoderLayerBase")
 
     def build_self_attention(self, embed_dim, cfg):
@@ -114,8 +128,9 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
         prev_state: Optional[ResidualState] = None,
     ):
         """``x``: ``[T, B, C]``; ``prev_state``: the previous layer's state or None.
-        Returns ``(x, state)``; state is None off the residual path. (With padding alone,
-        what the encoder passes, the kernels need no :class:`MaskFacts`.)"""
+        Returns ``(x, fc_result, state)``; ``fc_result`` is None unless ``return_fc``,
+        state is None off the residual path. (With padding alone, what the encoder
+        passes, the kernels need no :class:`MaskFacts`.)"""
         if attn_mask is not None:
             # fairseq's convention: 1 = masked, turned into a large finite negative
             attn_mask = attn_mask.masked_fill(
@@ -137,7 +152,8 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
         x = self.residual_connection(x, residual)
         if not self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        return feed_forward(self, x), state
+        x, fc_result = feed_forward(self, x)
+        return x, (fc_result if self.return_fc else None), state
 
 
 class RealFormerDecoderLayer(TransformerDecoderLayerBase):
@@ -192,8 +208,17 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
         prev_self_state: Optional[ResidualState] = None,
         prev_cross_state: Optional[ResidualState] = None,
         self_mask_facts: Optional[MaskFacts] = None,
+        weights_only_if_asked: bool = False,
     ):
         """As fairseq's decoder layer, plus the two residual paths.
+
+        The cross-attention weights come back as from fairseq's layer: when
+        ``need_attn`` (or ``need_head_weights``) asks, and in eval mode while
+        ``self.need_attn`` is set (fairseq's default; ``make_generation_fast_``
+        sets it, e.g. from ``--print-alignment``). ``weights_only_if_asked``: only when
+        ``need_attn`` asks. :class:`RealFormerTransformerDecoder` passes it, as it keeps
+        only its alignment layer's weights (fairseq's decoder discards the others;
+        computing them would force the materialized kernel on every layer).
 
         ``self_attn_padding_mask`` is ``[B, T]`` over all target positions (cached ones
         included); ``self_mask_facts``: the :class:`MaskFacts` of the self-attention masks
@@ -251,10 +276,7 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
                 key_padding_mask=encoder_padding_mask,
                 incremental_state=incremental_state,
                 static_kv=True,
-                # Only the layer the decoder asks (fairseq's alignment layer) returns weights.
-                # fairseq's own layer also computes them for every layer in eval mode and
-                # throws them away, which would force the materialized kernel everywhere.
-                need_weights=need_attn,
+                need_weights=need_attn or (not weights_only_if_asked and not self.training and self.need_attn),
                 need_head_weights=need_head_weights,
                 prev_state=prev_cross_state,
             )
@@ -263,7 +285,7 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
             if not self.normalize_before:
                 x = self.encoder_attn_layer_norm(x)
 
-        x = feed_forward(self, x)
+        x, _ = feed_forward(self, x)
 
         self_attn_state = None
         if self.onnx_trace and incremental_state is not None:

@@ -59,7 +59,8 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
         alignment_layer: Optional[int] = None,
         alignment_heads: Optional[int] = None,
     ):
-        """fairseq's decoder pass; the loop threads the ``self_state``/``cross_state`` paths."""
+        """fairseq's decoder pass (a copy: fairseq's loop passes no state to its layers);
+        the loop threads the ``self_state``/``cross_state`` paths."""
         if alignment_layer is None:
             alignment_layer = self.num_layers - 1
 
@@ -123,6 +124,7 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
                 prev_self_state=self_state,
                 prev_cross_state=cross_state,
                 self_mask_facts=self_facts,
+                weights_only_if_asked=True,  # only the alignment layer's are kept (as in fairseq)
             )
             inner_states.append(x)
             if layer_attn is not None and idx == alignment_layer:

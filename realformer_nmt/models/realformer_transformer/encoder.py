@@ -1,6 +1,6 @@
 """Transformer encoder whose layer loop carries the encoder self-attention path."""
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from fairseq.models.transformer import TransformerConfig, TransformerEncoderBase
@@ -22,16 +22,17 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
     # fairseq zeroes the embeddings of padding positions (BERT does not; see realformer_bert)
     zero_padding_embeddings = True
 
-    def __init__(self, cfg, dictionary, embed_tokens):
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         cfg = TransformerConfig.from_namespace(cfg)
         # read by build_encoder_layer during fairseq's __init__
         self.residual = residual_config.resolve(cfg, available=self.RESIDUAL_PATHS)
-        super().__init__(cfg, dictionary, embed_tokens)
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
         use_fairseq_dropout_names(self, "TransformerEncoder")
 
     def build_encoder_layer(self, cfg):
         layer = RealFormerEncoderLayer(
             cfg,
+            return_fc=self.return_fc,
             residual="encoder" in self.residual.paths,
             mode=self.residual.mode,
             kernel=self.residual.kernel,
@@ -45,7 +46,10 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
         return_all_hiddens: bool = False,
         token_embeddings: Optional[Tensor] = None,
     ):
-        """fairseq's encoder pass; the loop threads the residual state layer to layer.
+        """fairseq's encoder pass (a copy: fairseq's loop passes no state to its layers);
+        the loop threads the residual state layer to layer. The output dict is
+        fairseq's, ``fc_results`` included (with ``return_all_hiddens``: one entry per
+        layer, ``fc2``'s output with ``return_fc``, else None).
 
         Layers skipped by layerdrop (``LayerDropModuleList`` leaves them out of the
         iteration) add nothing to the running sum and are not counted in it."""
@@ -59,14 +63,16 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
 
         encoder_states = [x] if return_all_hiddens else []
+        fc_results: List[Optional[Tensor]] = []
         # read once (fairseq reads has_pads at every layer); with padding alone the
         # kernels need no other fact of the masks (MaskFacts)
         layer_padding_mask = encoder_padding_mask if has_pads else None
         state: Optional[ResidualState] = None
         for layer in self.layers:
-            x, state = layer(x, encoder_padding_mask=layer_padding_mask, prev_state=state)
+            x, fc_result, state = layer(x, encoder_padding_mask=layer_padding_mask, prev_state=state)
             if return_all_hiddens:
                 encoder_states.append(x)
+                fc_results.append(fc_result)
 
         if self.layer_norm is not None:
             x = self.layer_norm(x)
@@ -79,7 +85,7 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
             "encoder_padding_mask": [encoder_padding_mask],  # B x T
             "encoder_embedding": [encoder_embedding],  # B x T x C
             "encoder_states": encoder_states,  # List[T x B x C]
-            "fc_results": [],
+            "fc_results": fc_results,  # List[T x B x C]
             "src_tokens": [],
             "src_lengths": [src_lengths],
         }
