@@ -71,6 +71,8 @@ setup(
                     "plot": ["matplotlib"],
                     # scripts/export_hf.py and the exported folders (AutoModel*.from_pretrained)
                     "hf": ["transformers==5.24.0", "protobuf==7.36.2"],  # protobuf: reading spm.model
+                    # optional: torch.onnx.export of an exported folder, and its test (skipped without these)
+                    "onnx": ["onnx==1.23.2", "onnxscript==0.7.2", "onnxruntime==1.32.0"],
                     # optional: convert_google_checkpoint.py --reader tensorflow (TensorFlow's own reader)
                     "convert-tf": ["tensorflow-cpu"]},
 )

@@ -367,6 +367,108 @@ def test_sdpa_equals_eager_forward_and_backward(google, mode):
     torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
+def sdpa_calls(monkeypatch):
+    """A list that grows by one at each call of torch's scaled_dot_product_attention."""
+    import torch.nn.functional as F
+
+    calls, real = [], F.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
+    return calls
+
+
+@pytest.mark.parametrize("cls", ["AutoModel", "AutoModelForPreTraining"])
+def test_set_attn_implementation_switches_a_loaded_model(google, cls, monkeypatch):
+    """As BERT's: ``model.set_attn_implementation`` after loading changes the kernel the
+    next forward runs (counted), not only the config, without the "does not support
+    setting its attention implementation dynamically" warning; flash attention is refused."""
+    from transformers import modeling_utils
+
+    warnings = []
+    monkeypatch.setattr(modeling_utils.logger, "warning", lambda msg, *a, **k: warnings.append(str(msg)))
+    calls = sdpa_calls(monkeypatch)
+    model = load(cls, google["mean"][1])
+    ids, mask, types = (torch.as_tensor(x) for x in batch("pairs"))
+    layers = model.config.num_hidden_layers
+    outputs = {}
+    with torch.no_grad():
+        for impl in ("sdpa", "eager", "sdpa"):
+            model.set_attn_implementation(impl)
+            assert model.config._attn_implementation == impl
+            calls.clear()
+            outputs[impl] = model(ids, mask, types)[0]
+            assert len(calls) == (layers if impl == "sdpa" else 0), (impl, len(calls))
+    assert not [w for w in warnings if "attention implementation" in w], warnings
+    torch.testing.assert_close(outputs["eager"], outputs["sdpa"], atol=2e-5, rtol=0)
+    with pytest.raises(ValueError, match="Flash Attention"):
+        model.set_attn_implementation("flash_attention_2")
+    assert model.config._attn_implementation == "sdpa"
+
+
+# onnxruntime against torch, both float32: the same operations in another order (ONNX
+# Runtime's MatMul, Softmax and LayerNormalization kernels), each with a relative error near
+# float32's 6e-8, summed over a few layers of O(1) activations (measured on the three kinds of
+# export: at most 3.7e-6, on masked-LM logits up to 7.6); 1e-5 is the float32 tolerance these
+# tests give fairseq against the Hugging Face code, and rtol 1e-5 covers larger logits. A wrong
+# graph is off by far more.
+ONNX_ATOL = ONNX_RTOL = 1e-5
+
+
+def onnx_runtime():
+    """onnxruntime, or a skip naming what is missing: the ONNX extra is optional."""
+    import importlib
+
+    missing = []
+    for name in ("onnx", "onnxscript", "onnxruntime"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        pytest.skip(f"the ONNX export test needs {', '.join(missing)} (pip install -e '.[onnx]')")
+    import onnxruntime
+
+    return onnxruntime
+
+
+@pytest.mark.parametrize("cls,dynamic", [("AutoModel", False), ("AutoModelForMaskedLM", True),
+                                         ("AutoModelForPreTraining", False),
+                                         ("AutoModelForSequenceClassification", False)])
+def test_default_onnx_export_of_each_head_matches_onnxruntime(google, cls, dynamic, tmp_path):
+    """``torch.onnx.export(..., dynamo=True)`` (torch's default exporter) of each head as
+    loaded (sdpa attention), run by onnxruntime: every output equals torch's. It used to
+    fail "Cannot view a tensor" where sdpa's output was reshaped. The masked LM is exported
+    with a dynamic batch and length and run on a second shape."""
+    ort = onnx_runtime()
+    kwargs = {"num_labels": 3} if "Sequence" in cls else {}
+    model = load(cls, google["mean"][1], **kwargs)
+    assert model.config._attn_implementation == "sdpa"
+    ids, mask, types = (torch.as_tensor(x).long() for x in batch("pairs"))
+    shapes = None
+    if dynamic:
+        dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("length")}
+        shapes = (dims, dims, dims)
+    program = torch.onnx.export(model, (ids, mask, types), dynamo=True, dynamic_shapes=shapes, verbose=False)
+    program.save(str(tmp_path / "model.onnx"))
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask", "token_type_ids"]
+    inputs = [(ids, mask, types)]
+    if dynamic:
+        inputs.append((ids[:2, :13], mask[:2, :13], types[:2, :13]))
+    for x in inputs:
+        assert (x[1] == 0).any()  # padding
+        with torch.no_grad():
+            want = model(*x, return_dict=False)
+        got = session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), x)})
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(torch.from_numpy(g), w, atol=ONNX_ATOL, rtol=ONNX_RTOL)
+
+
 def test_gradient_checkpointing_gives_the_same_gradients(google):
     """With dropout on (same seed): every gradient equal; and the layers really run twice."""
     folder = google["sum"][1]
