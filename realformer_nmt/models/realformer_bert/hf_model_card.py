@@ -140,7 +140,7 @@ def _chance(run: dict, metric: str, vocab: int, classes: Optional[int]) -> Optio
         if metric == "loss":
             return f"a uniform guess over the {classes} classes: {math.log2(classes):.3g} bits"
         if metric == "accuracy":
-            return f"always one class of {classes} balanced ones: {100 / classes:.3g}"
+            return f"guessing one of the {classes} classes uniformly at random: {100 / classes:.3g} on average"
     return None
 
 
