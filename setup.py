@@ -86,6 +86,8 @@ setup(
                     "triton": ["triton>=3.6.0"],
                     # scripts/export_hf.py and the exported folders (AutoModel*.from_pretrained)
                     "hf": HF,
+                    # optional: torch.onnx.export of an exported folder, and its test (skipped without these)
+                    "onnx": ["onnx==1.23.2", "onnxscript==0.7.2", "onnxruntime==1.32.0"],
                     # optional: convert_google_checkpoint.py --reader tensorflow (TensorFlow's own reader)
                     "convert-tf": ["tensorflow-cpu"]},
 )

@@ -367,6 +367,108 @@ def test_sdpa_equals_eager_forward_and_backward(google, mode):
     torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
+def sdpa_calls(monkeypatch):
+    """A list that grows by one at each call of torch's scaled_dot_product_attention."""
+    import torch.nn.functional as F
+
+    calls, real = [], F.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
+    return calls
+
+
+@pytest.mark.parametrize("cls", ["AutoModel", "AutoModelForPreTraining"])
+def test_set_attn_implementation_switches_a_loaded_model(google, cls, monkeypatch):
+    """As BERT's: ``model.set_attn_implementation`` after loading changes the kernel the
+    next forward runs (counted), not only the config, without the "does not support
+    setting its attention implementation dynamically" warning; flash attention is refused."""
+    from transformers import modeling_utils
+
+    warnings = []
+    monkeypatch.setattr(modeling_utils.logger, "warning", lambda msg, *a, **k: warnings.append(str(msg)))
+    calls = sdpa_calls(monkeypatch)
+    model = load(cls, google["mean"][1])
+    ids, mask, types = (torch.as_tensor(x) for x in batch("pairs"))
+    layers = model.config.num_hidden_layers
+    outputs = {}
+    with torch.no_grad():
+        for impl in ("sdpa", "eager", "sdpa"):
+            model.set_attn_implementation(impl)
+            assert model.config._attn_implementation == impl
+            calls.clear()
+            outputs[impl] = model(ids, mask, types)[0]
+            assert len(calls) == (layers if impl == "sdpa" else 0), (impl, len(calls))
+    assert not [w for w in warnings if "attention implementation" in w], warnings
+    torch.testing.assert_close(outputs["eager"], outputs["sdpa"], atol=2e-5, rtol=0)
+    with pytest.raises(ValueError, match="Flash Attention"):
+        model.set_attn_implementation("flash_attention_2")
+    assert model.config._attn_implementation == "sdpa"
+
+
+# onnxruntime against torch, both float32: the same operations in another order (ONNX
+# Runtime's MatMul, Softmax and LayerNormalization kernels), each with a relative error near
+# float32's 6e-8, summed over a few layers of O(1) activations (measured on the three kinds of
+# export: at most 3.7e-6, on masked-LM logits up to 7.6); 1e-5 is the float32 tolerance these
+# tests give fairseq against the Hugging Face code, and rtol 1e-5 covers larger logits. A wrong
+# graph is off by far more.
+ONNX_ATOL = ONNX_RTOL = 1e-5
+
+
+def onnx_runtime():
+    """onnxruntime, or a skip naming what is missing: the ONNX extra is optional."""
+    import importlib
+
+    missing = []
+    for name in ("onnx", "onnxscript", "onnxruntime"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        pytest.skip(f"the ONNX export test needs {', '.join(missing)} (pip install -e '.[onnx]')")
+    import onnxruntime
+
+    return onnxruntime
+
+
+@pytest.mark.parametrize("cls,dynamic", [("AutoModel", False), ("AutoModelForMaskedLM", True),
+                                         ("AutoModelForPreTraining", False),
+                                         ("AutoModelForSequenceClassification", False)])
+def test_default_onnx_export_of_each_head_matches_onnxruntime(google, cls, dynamic, tmp_path):
+    """``torch.onnx.export(..., dynamo=True)`` (torch's default exporter) of each head as
+    loaded (sdpa attention), run by onnxruntime: every output equals torch's. It used to
+    fail "Cannot view a tensor" where sdpa's output was reshaped. The masked LM is exported
+    with a dynamic batch and length and run on a second shape."""
+    ort = onnx_runtime()
+    kwargs = {"num_labels": 3} if "Sequence" in cls else {}
+    model = load(cls, google["mean"][1], **kwargs)
+    assert model.config._attn_implementation == "sdpa"
+    ids, mask, types = (torch.as_tensor(x).long() for x in batch("pairs"))
+    shapes = None
+    if dynamic:
+        dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("length")}
+        shapes = (dims, dims, dims)
+    program = torch.onnx.export(model, (ids, mask, types), dynamo=True, dynamic_shapes=shapes, verbose=False)
+    program.save(str(tmp_path / "model.onnx"))
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask", "token_type_ids"]
+    inputs = [(ids, mask, types)]
+    if dynamic:
+        inputs.append((ids[:2, :13], mask[:2, :13], types[:2, :13]))
+    for x in inputs:
+        assert (x[1] == 0).any()  # padding
+        with torch.no_grad():
+            want = model(*x, return_dict=False)
+        got = session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), x)})
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(torch.from_numpy(g), w, atol=ONNX_ATOL, rtol=ONNX_RTOL)
+
+
 def test_gradient_checkpointing_gives_the_same_gradients(google):
     """With dropout on (same seed): every gradient equal; and the layers really run twice."""
     folder = google["sum"][1]
@@ -553,6 +655,31 @@ def test_pretrained_model_exported_equals_fairseq(pretrained_export):
         assert got[0]["token_str"].strip() == expected[0][2].strip()
 
 
+def test_the_pretrained_card_names_its_data_and_run(pretrained_export):
+    """The run and its data as the checkpoint and the data dir's prepare.json record them,
+    WikiText-2's license, and the validation loss the checkpoint was saved with."""
+    import yaml
+    from fairseq import checkpoint_utils
+
+    checkpoint, data, folder, summary, _ = pretrained_export
+    card = read_card(folder)
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))
+    prepared = json.loads((data / "prepare.json").read_text())
+    updates = state["optimizer_history"][-1]["num_updates"]
+    assert f"`fairseq-train --task masked_lm_nsp --arch {state['cfg']['model'].arch}`" in card
+    assert f"; {updates} updates (in epoch {state['extra_state']['train_iterator']['epoch']})" in card
+    for split in ("train", "valid"):
+        raw = prepared["settings"]["raw_files"][split]
+        assert f"`wikitext-2/{os.path.basename(raw)}`" in card
+        assert f"{prepared['documents'][split]['words']:,} words" in card
+    assert "the corpus's test split, used as training text" in card  # shared/data has no train split
+    assert "CC BY-SA 3.0" in card and "WikiText-2" in card
+    assert f"**{state['extra_state']['val_loss']}** (in bits" in card
+    assert "samples of 64 tokens, so the positions past that were never trained" in card
+    assert yaml.safe_load(card.split("---\n")[1])["language"] == "en"
+    assert summary["training"]["run"]["updates"] == updates and summary["training"]["corpus"]["name"] == "WikiText-2"
+
+
 def test_a_dictionary_missing_pieces_is_refused_in_one_line(pretrained_export):
     """The prepared data's own dict.txt lacks pieces the train text never produced."""
     from fairseq.data import Dictionary
@@ -589,6 +716,57 @@ def test_export_json_holds_no_machine_path_and_the_card_has_the_hub_header(pretr
         for name, value in exported["verified"]["max_abs_diff"].items():
             assert f"{name} {value:.2g}" in card and value < 1e-4
         assert "trust_remote_code=True" in card
+
+
+CARD_SECTIONS = ("## Training data and run", "## Intended use", "## Limitations", "## Evaluation", "## How to load",
+                 "## License", "## Citation")
+
+
+def read_card(folder):
+    """The card's text, after the checks every card passes: its sections, no undefined
+    placeholder, the snippet runs as printed (from the folder holding the export, with
+    fairseq and this package unimportable), and the table of auto classes says what each
+    class loads: the modules it names as fresh are exactly those ``from_pretrained``
+    reports missing (or mismatched, where the row says to ignore that)."""
+    import re
+
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    assert [line for line in card.splitlines() if line.startswith("## ")] == list(CARD_SECTIONS)
+    assert "FOLDER" not in card and "Apache-2.0);" not in card and "None" not in card.split("<!-- export.json")[0]
+    snippet = re.search(r"```python\n(.*?)```", card, re.S).group(1)
+    assert f'path = "{folder.name}"' in snippet
+    printed = isolated(snippet, folder)
+    assert printed and ("score" in printed[-1]), printed
+    rows = re.findall(r"^\| `(Auto\w+)` \| (.*?) \| (.*?) \|$", card, re.M)
+    assert [r[0] for r in rows] == list(AUTO_CLASSES)  # each class once
+    for cls, trained, fresh in rows:
+        ignore = "ignore_mismatched_sizes=True" in trained
+        _, info = getattr(transformers, cls).from_pretrained(folder, trust_remote_code=True, output_loading_info=True,
+                                                             ignore_mismatched_sizes=ignore)
+        reported = list(info["missing_keys"]) + [k[0] for k in info["mismatched_keys"]]
+        assert bool(info["mismatched_keys"]) == ignore, cls
+        modules = {re.sub(r"^realformer\.", "", k).rsplit(".", 1)[0] for k in reported}
+        assert modules == set(re.findall(r"`([\w.]+)`", fresh)), (cls, modules, fresh)
+        assert trained.startswith("encoder"), cls
+    return card
+
+
+def test_the_google_card_answers_a_hub_reader(google):
+    import yaml
+
+    folder = google["sum"][1]
+    card = read_card(folder)
+    conversion = json.loads((google["sum"][0] / "conversion.json").read_text())
+    assert f"`{conversion['source']}`" in card and "convert_google_checkpoint.py" in card
+    assert "does not say what they were pre-trained on" in card  # Google's README does not
+    assert "match none of Google's releases" in card  # the fixture's dimensions are no release's
+    assert "uncased: lower-cases its input" in card and conversion["lowercase"]
+    assert "AutoModelForMaskedLM" in card.split("```python")[1].split("```")[0]
+    assert "| `AutoModelForPreTraining` | encoder, masked-LM head, pooler (NSP's), NSP classifier | — |" in card
+    assert yaml.safe_load(card.split("---\n")[1])["license"] == "apache-2.0"
+    exported = json.loads((folder / "export.json").read_text())
+    assert exported["training"]["google"]["source"] == conversion["source"]
+    assert exported["training"]["run"] is None  # a conversion, not a fairseq run
 
 
 def wikitext_valid_lines():
@@ -631,6 +809,33 @@ def test_sentencepiece_tokenizer_gives_fairseqs_ids_on_raw_wikitext_and_whitespa
     torch.testing.assert_close(got[0], seq, atol=ATOL, rtol=0)
 
 
+def test_sentencepiece_tokenizer_names_its_unknown_token(pretrained_export, tmp_path):
+    """As BERT's tokenizers name [UNK]: ``unk_token`` is ``<unk>`` (fairseq's id), an unknown
+    string converts to it, and the literal ``<unk>`` of WikiText (a SentencePiece piece)
+    still encodes as fairseq encodes it wherever it stands, also after a save and reload."""
+    from transformers import PreTrainedTokenizerFast
+
+    checkpoint, data, folder, summary, _ = pretrained_export
+    hub, _, _ = hf_export.load_hub(str(checkpoint), str(data))
+    hub.bpe = SentencepieceBPE(SentencepieceConfig(sentencepiece_model=str(data / "spm.model")))
+    d = hub.task.source_dictionary
+    assert summary["tokenizer_literal_unk"] and "<unk>" in hf_export.user_defined_pieces(str(data / "spm.model"))
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    tokenizer.save_pretrained(tmp_path / "again")
+    again = PreTrainedTokenizerFast.from_pretrained(tmp_path / "again")
+    texts = hf_export.LITERAL_UNK_TEXT + ["\u4e2d\u6587 text", "a <unk> b", "<unk> a", " <unk>", "x<unk>y"]
+    for tok in (tokenizer, again):
+        assert tok.unk_token == "<unk>" and tok.unk_token_id == d.unk() == 3
+        assert tok.convert_tokens_to_ids("zzqq") == d.unk()
+        assert "<unk>" in tok.all_special_tokens
+        assert tok("\u4e2d")["input_ids"][-2] == d.unk()  # a character SentencePiece does not know
+        for text in texts:
+            assert tok(text)["input_ids"] == hub.encode(text).tolist(), text
+    # the one exception the card names: the text "<unk>" alone is the token itself
+    assert tokenizer("<unk>")["input_ids"] == [d.bos(), d.unk(), d.eos()]
+    assert hub.encode("<unk>").tolist() == [d.bos(), d.index("\u2581"), d.unk(), d.eos()]
+
+
 def test_the_exports_own_check_reads_raw_text_and_catches_a_stray_piece(pretrained_export, monkeypatch):
     """Without the trailing-whitespace strip, the tokenizer passes on texts decoded back from
     pieces (what the check used to read) and fails on the raw valid lines it reads now."""
@@ -652,7 +857,7 @@ def test_the_exports_own_check_reads_raw_text_and_catches_a_stray_piece(pretrain
 
     monkeypatch.setattr(tokenizers.normalizers, "Replace", without_strip)
     old = hf_export.sentencepiece_tokenizer(str(data / "spm.model"), hub.task.source_dictionary, False, 64)
-    assert len(calls) == 2
+    assert calls[:2] == [" ", ""]  # the collapse of spaces, then the strip (then the <unk> word boundaries)
     dataset = data_utils.load_indexed_dataset(str(data / "valid"), hub.task.source_dictionary)
     decoded = [hub.bpe.decode(hub.task.source_dictionary.string(dataset[i])) for i in range(50)]
     assert hf_export.check_tokenizer(old, hub, [t for t in decoded if t.strip()]) > 10
@@ -785,3 +990,22 @@ def test_a_finetune_exports_with_the_pretraining_dir_and_refuses_head_ambiguity(
     assert hf_export.classification_head(hub.model, "other_head") == "other_head"
     with pytest.raises(ConfigError, match=f"--head nope: the checkpoint's classification heads are other_head, {HEAD}"):
         hf_export.classification_head(hub.model, "nope")
+
+
+def test_the_finetuned_card_lists_the_classes_that_load_trained_weights(finetuned_export, pretrained_export):
+    """A fine-tune: its labels and examples, the pre-training text, the masked-LM head
+    among the trained weights, sequence classification listed once, and multiple choice
+    loading only with ignore_mismatched_sizes (BERT's rule for a classifier of another shape)."""
+    checkpoint, captions, data, folder, summary, valid = finetuned_export
+    card = read_card(folder)
+    labels = json.loads((folder / "config.json").read_text())["id2label"].values()
+    assert "# RealFormer text classifier (" + ", ".join(labels) + "), fine-tuned with fairseq" in card
+    assert f"the data dir `{captions.name}`: 64 train, {len(valid)} valid texts" in card
+    pretrained = pretrained_export[0]
+    assert f"starting from `{pretrained.parent.name}/{pretrained.name}`" in card
+    assert "**Pre-training text**: WikiText-2" in card
+    assert "| `AutoModelForMaskedLM` | encoder, masked-LM head (pre-training's) | — |" in card
+    assert card.count("| `AutoModelForSequenceClassification` |") == 1
+    assert "AutoModelForSequenceClassification.from_pretrained(path" in card
+    assert "ignore_mismatched_sizes=True" in card.split("| `AutoModelForMultipleChoice` |")[1].splitlines()[0]
+    assert summary["training"]["finetune_data"]["examples"] == {"train": 64, "valid": len(valid)}

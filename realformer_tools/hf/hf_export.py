@@ -25,6 +25,7 @@ into ``export.json`` and the card), and only then are the files moved into ``out
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from typing import Callable, List, Optional
@@ -36,12 +37,14 @@ from realformer_nmt.errors import CheckpointFileError, ConfigError
 from ..convert.google_mapping import MASK, SPECIALS
 from .hf_model_card import model_card
 from .hf_tokenizer import (  # noqa: F401  (re-exported: the export's public names)
+    LITERAL_UNK_TEXT,
     SAMPLE_TEXT,
     check_tokenizer,
     google_order,
     raw_valid_text,
     read_vocab,
     sentencepiece_tokenizer,
+    user_defined_pieces,
     wordpiece_tokenizer,
 )
 from .hf_weights import NSP_HEAD, classification_head, head_kind, hf_config_values, hf_state_dict  # noqa: F401
@@ -152,14 +155,136 @@ def _data_dir(folder: str, state: dict, data: Optional[str]) -> str:
 def load_hub(checkpoint: str, data: Optional[str] = None):
     """``(hub, folder, data dir)``: the fairseq hub interface of a ``realformer_bert``
     checkpoint (eval mode), its folder, and the data dir of its dictionary."""
+    return _load_hub(checkpoint, data)[:3]
+
+
+def _load_hub(checkpoint: str, data: Optional[str] = None):
+    """``load_hub``'s three, and the run that wrote the checkpoint (``training_run``)."""
     from realformer_nmt.models.realformer_bert.model import RealFormerBertModel
 
     folder, name = _resolve(checkpoint)
     state = check_realformer_bert(os.path.join(folder, name))
     data_dir = _data_dir(folder, state, data)
+    run = training_run(state)
     del state
     hub = RealFormerBertModel.from_pretrained(folder, checkpoint_file=name, data_name_or_path=os.path.abspath(data_dir))
-    return hub.eval(), folder, data_dir
+    return hub.eval(), folder, data_dir, run
+
+
+# --------------------------------------------------------------------------------------
+# where the weights came from (export.json's "training", the model card)
+# --------------------------------------------------------------------------------------
+
+# google-research/realformer's README: the released checkpoints, by (layers, heads, hidden, intermediate)
+GOOGLE_RELEASES = {(4, 8, 512, 2048): "BERT-Small", (12, 12, 768, 3072): "BERT-Base",
+                   (24, 16, 1024, 4096): "BERT-Large", (36, 24, 1536, 6144): "BERT-xLarge"}
+
+
+def short_path(path: str) -> str:
+    """A file by its folder and name (``wikitext-2/test.txt``): no path of the exporting machine."""
+    return "/".join(os.path.normpath(str(path)).replace("\\", "/").split("/")[-2:])
+
+
+def corpus_name(raw_files: dict) -> Optional[str]:
+    """``"WikiText-2"`` / ``"WikiText-103"`` / ``"WikiText"`` when the raw files' folder or
+    names say so (``wikitext-2/``, ``wiki.train.tokens``), else None."""
+    names = " ".join(short_path(p).lower() for p in raw_files.values())
+    found = re.search(r"wiki[-_ ]?text[-_ ]?(2|103)\b", names)
+    if found:
+        return f"WikiText-{found.group(1)}"
+    return "WikiText" if re.search(r"wikitext|wiki\.(train|valid|test)\.tokens", names) else None
+
+
+def training_run(state: dict) -> Optional[dict]:
+    """The fairseq run that wrote a checkpoint: task, architecture, updates, epoch,
+    optimization settings, the validation metric when it was saved, and the checkpoint it
+    started from (file names only). None for a converted Google checkpoint (no run here)."""
+    history = (state.get("optimizer_history") or [{}])[-1]
+    if history.get("optimizer_name") == "none" and not history.get("num_updates"):
+        return None  # what convert_google_checkpoint.py writes
+    extra = state.get("extra_state") or {}
+
+    def first(value):
+        return value[0] if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig" else value
+
+    metric = _cfg_value(state, "checkpoint", "best_checkpoint_metric")
+    restore = _cfg_value(state, "checkpoint", "restore_file")
+    data = _cfg_value(state, "task", "data")
+    run = {
+        "task": _cfg_value(state, "task", "_name"),
+        "arch": _cfg_value(state, "model", "_name") or _cfg_value(state, "model", "arch"),
+        "updates": history.get("num_updates"),
+        "epoch": (extra.get("train_iterator") or {}).get("epoch"),
+        "lr": first(_cfg_value(state, "optimization", "lr")),
+        "batch_size": _cfg_value(state, "dataset", "batch_size"),
+        "max_tokens": _cfg_value(state, "dataset", "max_tokens"),
+        "update_freq": first(_cfg_value(state, "optimization", "update_freq")),
+        "seed": _cfg_value(state, "common", "seed"),
+        "data": os.path.basename(os.path.normpath(data)) if data else None,
+        # restore_file's default resumes the run itself; any other names where it started
+        "restored_from": short_path(restore) if restore and restore != "checkpoint_last.pt" else None,
+        "validation": ({"metric": metric, "value": float(extra["val_loss"]),
+                        "best": float(extra["best"]) if extra.get("best") is not None else None}
+                       if extra.get("val_loss") is not None else None),
+    }
+    for section, key in (("task", "mask_prob"), ("task", "tokens_per_sample"), ("task", "num_classes"),
+                         ("criterion", "nsp_loss_weight")):
+        value = _cfg_value(state, section, key)
+        if value is not None:
+            run[key] = value
+    return run
+
+
+def prepared_corpus(data_dir: Optional[str]) -> Optional[dict]:
+    """What ``prepare.json`` of a pre-training data dir says about its raw text (file names,
+    SHA-256, documents, words, SentencePiece settings); None without one."""
+    try:
+        with open(os.path.join(data_dir, "prepare.json"), encoding="utf-8") as f:
+            prepared = json.load(f)
+        settings = prepared["settings"]
+        raw = settings["raw_files"]
+    except (OSError, TypeError, ValueError, KeyError):
+        return None
+    stats = prepared.get("documents") or {}
+    return {
+        "name": corpus_name(raw),
+        "raw_files": {split: short_path(p) for split, p in raw.items()},
+        "sha256": settings.get("sha256"),
+        "documents": {split: v.get("documents") for split, v in stats.items()},
+        "words": {split: v.get("words") for split, v in stats.items()},
+        "sentencepiece": {"model_type": settings.get("model_type"), "vocab_size": settings.get("vocab_size")},
+    }
+
+
+def finetune_data(data_dir: str, hub) -> dict:
+    """A ``sentence_prediction`` data dir: its name, labels and examples per split."""
+    from fairseq.data import data_utils
+
+    examples = {}
+    for split in ("train", "valid", "test"):
+        dataset = data_utils.load_indexed_dataset(os.path.join(data_dir, "input0", split),
+                                                  hub.task.source_dictionary)
+        if dataset is not None:
+            examples[split] = len(dataset)
+    labels = getattr(hub.task, "label_dictionary", None)
+    return {"data": os.path.basename(os.path.normpath(data_dir)), "examples": examples,
+            "sentence_pairs": os.path.isdir(os.path.join(data_dir, "input1")),
+            "labels": [labels[i] for i in range(labels.nspecial, len(labels))] if labels is not None else None}
+
+
+def google_source(folder: str, config) -> dict:
+    """A converted Google checkpoint: what ``conversion.json`` says, and which of Google's
+    releases has its dimensions (None: none of them)."""
+    try:
+        with open(os.path.join(folder, "conversion.json"), encoding="utf-8") as f:
+            conversion = json.load(f)
+    except (OSError, ValueError):
+        conversion = {}
+    dims = (config["num_hidden_layers"], config["num_attention_heads"], config["hidden_size"],
+            config["intermediate_size"])
+    return {"source": conversion.get("source"), "checkpoint": conversion.get("checkpoint"),
+            "checksums_verified": conversion.get("checksums_verified"), "lowercase": conversion.get("lowercase"),
+            "release": GOOGLE_RELEASES.get(dims)}
 
 
 def _spm_model(given: Optional[str], dirs: List[str]) -> str:
@@ -244,7 +369,7 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, sentencepi
     from safetensors.torch import save_file
 
     configuration, modeling = _import_hf()
-    hub, folder, data_dir = load_hub(checkpoint, data)
+    hub, folder, data_dir, run = _load_hub(checkpoint, data)
     log(f"[1/5] loaded {checkpoint} (dictionary: {data_dir})")
     model, dictionary = hub.model, hub.task.source_dictionary
     values = hf_config_values(model)
@@ -263,7 +388,7 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, sentencepi
             order = google_order(vocab, dictionary)
             ids = {f: vocab.index(b) for b, f in dict(SPECIALS + (MASK,)).items()}
             tokenizer = wordpiece_tokenizer(vocab, max_length)
-            tokenizer_kind, texts, checked = "BertTokenizerFast (vocab.txt)", [], 0
+            tokenizer_kind, texts, checked, literal_unk = "BertTokenizerFast (vocab.txt)", [], 0, False
         else:
             order = list(range(len(dictionary)))
             ids = {s: dictionary.index(s) for s in ("<s>", "<pad>", "</s>", "<unk>", "<mask>")}
@@ -272,10 +397,19 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, sentencepi
             from fairseq.data.encoders.sentencepiece_bpe import SentencepieceBPE, SentencepieceConfig
 
             hub.bpe = SentencepieceBPE(SentencepieceConfig(sentencepiece_model=spm_model))
-            texts = SAMPLE_TEXT + raw_valid_text(os.path.dirname(os.path.abspath(spm_model)))
+            literal_unk = "<unk>" in user_defined_pieces(spm_model)
+            texts = (SAMPLE_TEXT + (LITERAL_UNK_TEXT if literal_unk else [])
+                     + raw_valid_text(os.path.dirname(os.path.abspath(spm_model))))
             checked = check_tokenizer(tokenizer, hub, texts)
             tokenizer_kind = f"PreTrainedTokenizerFast ({os.path.basename(spm_model)}, fairseq dictionary ids)"
             log(f"  {checked} texts encode as fairseq's hub.encode encodes them")
+        training = {
+            "run": run,
+            # the pre-training text: prepare.json beside the SentencePiece model (a fine-tune's too)
+            "corpus": None if google else prepared_corpus(os.path.dirname(os.path.abspath(spm_model))),
+            "finetune_data": finetune_data(data_dir, hub) if run and run["task"] == FINETUNE_TASK else None,
+            "google": google_source(folder, values) if google else None,
+        }
 
         num = model.classification_heads[head].out_proj.out_features if head else 2
         config = configuration.RealFormerConfig(
@@ -312,16 +446,18 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, sentencepi
             "vocab_size": config.vocab_size,
             "tokenizer": tokenizer_kind,
             "tokenizer_texts_checked": checked,
+            "tokenizer_literal_unk": literal_unk,  # "<unk>" is a SentencePiece piece (WikiText's) and the unknown token
             "heads": {"masked_lm": True, NSP_HEAD: kind == "next_sentence",
                       "sequence_classification": head if kind == "sequence_classification" else None},
             "classification_head": head,
             "verified": verified,
             "classes": sorted(AUTO_MAP),
+            "training": training,
         }
         with open(os.path.join(staging, "export.json"), "w", encoding="utf-8") as f:
             f.write(json.dumps(summary, indent=2) + "\n")
         with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as f:
-            f.write(model_card(config, summary))
+            f.write(model_card(config, summary, name=os.path.basename(os.path.normpath(os.path.abspath(out_dir)))))
         log(f"[5/5] writing {out_dir}")
         os.makedirs(out_dir, exist_ok=True)
         umask = os.umask(0)

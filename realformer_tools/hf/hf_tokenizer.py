@@ -35,6 +35,15 @@ SAMPLE_TEXT = [
     "",
 ]
 
+# checked too when "<unk>" is a user-defined piece (WikiText's literal word): before, after and
+# inside words, at the start and the end (the text "<unk>" alone is the exception: see below)
+LITERAL_UNK_TEXT = [
+    "A <unk>s word , a <unk> , and <unk>",
+    "<unk> at the start , then  <unk>  twice <unk> <unk> .",
+    " <unk> after a space , x<unk>y inside , (<unk>) in brackets , <unk>\u00a0no-break",
+    "the end <unk> ",
+]
+
 # what fairseq's Dictionary.encode_line splits on (Python's \s), as an Oniguruma class
 PYTHON_WHITESPACE = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in map(chr, range(0x3001))
                                   if c.isspace()) + "]+"
@@ -77,14 +86,8 @@ def wordpiece_tokenizer(vocab: List[str], max_length: int):
         return BertTokenizerFast.from_pretrained(tmp, do_lower_case=is_uncased(vocab), model_max_length=max_length)
 
 
-def sentencepiece_tokenizer(spm_model: str, dictionary, bert_pairs: bool, max_length: int):
-    """A fast tokenizer over ``spm_model`` whose ids are ``dictionary``'s (fairseq's
-    ``<s> pieces </s>``; pairs as the hub lays them out). One-line error when the
-    dictionary cannot be reproduced: a model type other than BPE or unigram, or a piece
-    SentencePiece can produce that the dictionary lacks."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
-    from tokenizers.models import BPE, Unigram
-    from transformers import PreTrainedTokenizerFast
+def _read_model(spm_model: str):
+    """The ``ModelProto`` of a SentencePiece model file."""
     from transformers.convert_slow_tokenizer import import_protobuf
 
     try:
@@ -94,6 +97,24 @@ def sentencepiece_tokenizer(spm_model: str, dictionary, bert_pairs: bool, max_le
     proto = model_pb2.ModelProto()
     with open(spm_model, "rb") as f:
         proto.ParseFromString(f.read())
+    return proto
+
+
+def user_defined_pieces(spm_model: str) -> List[str]:
+    """SentencePiece's user-defined symbols (``<unk>`` in data made by prepare_pretraining_data.py)."""
+    return [p.piece for p in _read_model(spm_model).pieces if p.type == 4]
+
+
+def sentencepiece_tokenizer(spm_model: str, dictionary, bert_pairs: bool, max_length: int):
+    """A fast tokenizer over ``spm_model`` whose ids are ``dictionary``'s (fairseq's
+    ``<s> pieces </s>``; pairs as the hub lays them out). One-line error when the
+    dictionary cannot be reproduced: a model type other than BPE or unigram, or a piece
+    SentencePiece can produce that the dictionary lacks."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import BPE, Unigram
+    from transformers import PreTrainedTokenizerFast
+
+    proto = _read_model(spm_model)
     kind = proto.trainer_spec.model_type  # 1 unigram, 2 bpe
     if kind not in (1, 2):
         raise ConfigError(f"{spm_model}: SentencePiece model type {kind} (only unigram and BPE export)")
@@ -125,20 +146,30 @@ def sentencepiece_tokenizer(spm_model: str, dictionary, bert_pairs: bool, max_le
                     byte_fallback=False, ignore_merges=True)
     tok = Tokenizer(model)
     spec = proto.normalizer_spec
+    # "first": no word boundary after a special token ("<unk>s" -> <unk> s, as SentencePiece)
+    prepend = "first" if spec.add_dummy_prefix else "never"
+    user_defined = [p.piece for p in proto.pieces if p.type == 4]
+    # WikiText's literal "<unk>" is a user-defined piece, and the unknown token, which the tokenizer
+    # matches as a whole after normalizing (an added token, normalized=True) and before the
+    # pre-tokenizer could mark a word boundary before it: the normalizer puts SentencePiece's
+    # lone "\u2581" there itself, for a space before it and for the dummy prefix at the start
+    # (not for the whole text "<unk>": that is the token itself, normalized the same way)
+    unk_is_piece = "<unk>" in user_defined
     parts = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
     if spec.remove_extra_whitespaces:
         # SentencePiece keeps no piece for trailing whitespace ("... . " -> ... "\u2581."): without
         # the strip, Metaspace would add a lone "\u2581"; leading spaces become Metaspace's "\u2581"
         parts += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Replace(Regex(" +\\z"), "")]
+    if unk_is_piece:
+        parts.append(normalizers.Replace(Regex(" <unk>"), "\u2581<unk>"))
+        if prepend == "first":
+            parts.append(normalizers.Replace(Regex("\\A<unk>(?=.)"), "\u2581<unk>"))
     if parts:
         tok.normalizer = normalizers.Sequence(parts)
-    # "first": no word boundary after a special token ("<unk>s" -> <unk> s, as SentencePiece)
-    prepend = "first" if spec.add_dummy_prefix else "never"
     split = bool(proto.trainer_spec.split_by_whitespace)
     steps = [pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend, split=split)]
     # SentencePiece's user-defined symbols (WikiText's literal "<unk>") are whole pieces wherever
     # they stand, after the word-boundary mark: "<unk> a" -> "\u2581" "<unk>" "\u2581a"
-    user_defined = [p.piece for p in proto.pieces if p.type == 4]
     steps += [pre_tokenizers.Split(u, behavior="isolated") for u in user_defined]
     # fairseq joins the pieces with spaces and splits them again on Python's whitespace, so a
     # piece of whitespace SentencePiece keeps (NEL, U+0085, under nmt_nfkc) is dropped, not <unk>
@@ -151,8 +182,8 @@ def sentencepiece_tokenizer(spm_model: str, dictionary, bert_pairs: bool, max_le
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
         pad_token="<pad>", model_max_length=max_length,
-        # not an added token when "<unk>" is a user-defined piece: it must stay in the text for the split above
-        **({} if "<unk>" in user_defined else {"unk_token": "<unk>"}),
+        # BERT's tokenizers name theirs ([UNK]): unk_token_id, and convert_tokens_to_ids of an unknown string
+        unk_token=AddedToken("<unk>", special=True, normalized=True) if unk_is_piece else "<unk>",
         # lstrip: "was <mask> in" encodes as fairseq's fill_mask encodes it ("was" <mask> "\u2581in")
         mask_token=AddedToken("<mask>", lstrip=True, rstrip=False, special=True, normalized=False),
         model_input_names=["input_ids", "token_type_ids", "attention_mask"] if bert_pairs

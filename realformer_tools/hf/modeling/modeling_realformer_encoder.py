@@ -156,7 +156,11 @@ class RealFormerSelfAttention(nn.Module):
                 if prev is not None:
                     scores = scores + prev
         batch, _, length, _ = context.shape
-        context = context.transpose(1, 2).reshape(batch, length, -1)
+        # [B, H, T, D] -> [B, T, H * D] through an explicit copy, never a view: SDPA's output
+        # layout depends on the kernel (CPU flash: [B, T, H, D] in memory, math: [B, H, T, D]),
+        # and torch.export records reshape()/contiguous() as the layout it traced with, so
+        # the ONNX exporter's (dynamo's) rerun on another kernel failed "Cannot view a tensor"
+        context = context.transpose(1, 2).clone(memory_format=torch.contiguous_format).view(batch, length, -1)
         return context, probs, scores if self.residual and need_scores else None
 
 
@@ -264,7 +268,15 @@ class RealFormerPreTrainedModel(PreTrainedModel):
     config_class = RealFormerConfig
     base_model_prefix = "realformer"
     supports_gradient_checkpointing = True
-    _supports_sdpa = True
+    _supports_sdpa = True  # and eager; no flash or flex kernel takes the residual scores
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        """``model.set_attn_implementation("eager" | "sdpa")`` switches a loaded model:
+        the attention reads ``config._attn_implementation`` at every forward, as BERT's
+        does. (``transformers`` guesses this from the source, looking for
+        ``ALL_ATTENTION_FUNCTIONS``, which the residual attention does not use.)"""
+        return True
 
     def _init_weights(self, module):
         """BERT's: normal(0, initializer_range) weights, zero biases, unit LayerNorms;
