@@ -8,6 +8,13 @@ from torch import Tensor
 RESIDUAL_MODES = ("sum", "mean")
 
 
+def sum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The running sum's dtype for inputs of ``dtype``: float32, or float64 for a float64
+    model (48 layers of fp16 logits can overflow; a float64 model stays float64, so that
+    the kernels can be checked against each other in float64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def divisor(mode: str, terms: int) -> float:
     """``c_n`` of ``softmax(mask(A_n / c_n))``: 1 in ``sum`` mode, ``n`` (the number of
     layers whose scores are in ``A_n``) in ``mean`` mode. The undivided ``A_n`` is what a
@@ -20,7 +27,7 @@ class ResidualState(NamedTuple):
 
     The running sum is ``A_n = scores + sum_i queries[i] @ keys[i]^T``:
 
-    * ``scores``: a ``[B, H, T, S]`` float32 part of it, or None (materialized: all of
+    * ``scores``: a ``[B, H, T, S]`` float32 (float64 model: float64) part of it, or None (materialized: all of
       ``A_n``; bias: ``A_{n-1}``; in cached decoding only the current step's rows, ``T = 1``);
     * ``queries``, ``keys``: terms not yet multiplied out, the projected queries (scaled by
       ``1/sqrt(d)``) and keys of layers, one ``[B, H, T, d]`` / ``[B, H, S, d]`` tensor per
@@ -46,20 +53,22 @@ class ResidualState(NamedTuple):
         return self.scores is None
 
     def running_sum(self) -> Tensor:
-        """``A_n`` as a float32 ``[B, H, T, S]`` tensor, whichever kernel produced it (also
-        under autocast, which would otherwise run these products in half precision)."""
+        """``A_n`` as a float32 ``[B, H, T, S]`` tensor (float64 for a float64 model:
+        :func:`sum_dtype`), whichever kernel produced it (also under autocast, which would
+        otherwise run these products in half precision)."""
         device = (self.scores if self.scores is not None else self.queries[0]).device
         with torch.autocast(device_type=device.type, enabled=False):
             if self.scores is None:
-                q = torch.cat(self.queries, dim=-1).float()
-                k = torch.cat(self.keys, dim=-1).float()
+                wide = sum_dtype(self.queries[0].dtype)
+                q = torch.cat(self.queries, dim=-1).to(wide)
+                k = torch.cat(self.keys, dim=-1).to(wide)
                 return torch.matmul(q, k.transpose(-1, -2))
             total = self.scores
             for q, k in zip(self.queries, self.keys):
                 bsz, heads, tgt_len, dim = q.shape
                 total = torch.baddbmm(
                     total.reshape(bsz * heads, tgt_len, -1),
-                    q.float().reshape(bsz * heads, tgt_len, dim),
-                    k.float().reshape(bsz * heads, -1, dim).transpose(1, 2),
+                    q.to(total.dtype).reshape(bsz * heads, tgt_len, dim),
+                    k.to(total.dtype).reshape(bsz * heads, -1, dim).transpose(1, 2),
                 ).view(bsz, heads, tgt_len, -1)
             return total
