@@ -1,13 +1,11 @@
 import os
 
 from setuptools import find_packages, setup
-from setuptools.command.build_py import build_py
 
-# The CUDA rule of `--residual-attention-kernel auto` the project measured (make gpu-check):
-# committed as results/gpu/kernel_rule.json, shipped in the wheel next to the module that
-# reads it. No measured rule yet: nothing is shipped and `auto` uses its default.
-KERNEL_RULE = os.path.join("results", "gpu", "kernel_rule.json")
-PACKAGED_KERNEL_RULE = os.path.join("realformer_nmt", "modules", "kernel_rule.json")
+# The CUDA rule of `--residual-attention-kernel auto` the project measured (make gpu-check) is
+# package data: realformer_nmt/modules/residual_attention/kernel_rule.json, read with
+# importlib.resources, the same file in a checkout and in the wheel.
+PACKAGE_DATA = {"realformer_nmt.modules.residual_attention": ["kernel_rule.json"]}
 
 # console commands -> the same main() that scripts/<name>.py runs in a checkout
 COMMANDS = {
@@ -26,15 +24,6 @@ COMMANDS = {
 }
 
 
-class BuildPyWithKernelRule(build_py):
-    """build_py that also copies the committed kernel rule into the built package."""
-
-    def run(self):
-        super().run()
-        if os.path.isfile(KERNEL_RULE):
-            self.copy_file(KERNEL_RULE, os.path.join(self.build_lib, PACKAGED_KERNEL_RULE))
-
-
 setup(
     name="realformer-nmt",
     version="0.1.0",
@@ -50,7 +39,7 @@ setup(
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
     packages=find_packages(include=["realformer_nmt", "realformer_nmt.*"]),
-    cmdclass={"build_py": BuildPyWithKernelRule},
+    package_data=PACKAGE_DATA,
     entry_points={"console_scripts": [f"{name} = realformer_nmt.cli.{target}" for name, target in COMMANDS.items()]},
     python_requires=">=3.9",
     # torch is deliberately not listed: pip must never replace the torch a user has

@@ -197,5 +197,5 @@ def add_args(parser, available=PATHS):
              "as an additive mask: no probabilities stored on CUDA), fused (concatenated "
              "queries/keys passed on, scaled_dot_product_attention; no T x S tensor stored), or "
              "auto (per path and call: the rule in modules/residual_attention/choice.py, measured on CPU; "
-             "on CUDA results/gpu/kernel_rule.json, else bias). Default: auto",
+             "on CUDA the rule measured on a GPU, shipped in the package). Default: auto",
     )
