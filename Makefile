@@ -26,8 +26,8 @@ WHEEL_TARGET := --python-version $(GPU_PYTHON) --implementation cp --only-binary
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 	--platform manylinux2014_x86_64 --platform manylinux1_x86_64
 GPU_WHEELS := fairseq-fixed==0.12.3.1 hydra-core==1.3.2 omegaconf==2.3.0 bitarray==3.12.3
-# installed there only where missing (the image has them today)
-GPU_OPTIONAL_WHEELS := pytest pyyaml iniconfig pluggy pygments packaging
+# installed there only where missing (setuptools, wheel: pip's offline build of this project)
+GPU_OPTIONAL_WHEELS := pytest pyyaml iniconfig pluggy pygments packaging setuptools wheel
 
 .PHONY: setup demo test test-fast lint clean gpu-check gpu-wheels
 

@@ -1,13 +1,11 @@
 import os
 
 from setuptools import find_packages, setup
-from setuptools.command.build_py import build_py
 
-# The CUDA rule of `--residual-attention-kernel auto` the project measured (make gpu-check):
-# committed as results/gpu/kernel_rule.json, shipped in the wheel next to the module that
-# reads it. No measured rule yet: nothing is shipped and `auto` uses its default.
-KERNEL_RULE = os.path.join("results", "gpu", "kernel_rule.json")
-PACKAGED_KERNEL_RULE = os.path.join("realformer_nmt", "modules", "kernel_rule.json")
+# The CUDA rule of `--residual-attention-kernel auto` the project measured (make gpu-check) is
+# package data: realformer_nmt/modules/residual_attention/kernel_rule.json, read with
+# importlib.resources, the same file in a checkout and in the wheel.
+PACKAGE_DATA = {"realformer_nmt.modules.residual_attention": ["kernel_rule.json"]}
 
 # console commands -> the same main() in realformer_tools.cli that scripts/<name>.py runs in a checkout
 COMMANDS = {
@@ -44,15 +42,6 @@ TOOLS = [
 HF = ["transformers==5.24.0", "protobuf==7.36.2"]  # protobuf: reading spm.model
 
 
-class BuildPyWithKernelRule(build_py):
-    """build_py that also copies the committed kernel rule into the built package."""
-
-    def run(self):
-        super().run()
-        if os.path.isfile(KERNEL_RULE):
-            self.copy_file(KERNEL_RULE, os.path.join(self.build_lib, PACKAGED_KERNEL_RULE))
-
-
 setup(
     name="realformer-nmt",
     version="0.1.0",
@@ -69,7 +58,7 @@ setup(
     ],
     # two packages: realformer_nmt (the plugin, what --user-dir loads) and realformer_tools (the commands)
     packages=find_packages(include=["realformer_nmt", "realformer_nmt.*", "realformer_tools", "realformer_tools.*"]),
-    cmdclass={"build_py": BuildPyWithKernelRule},
+    package_data=PACKAGE_DATA,
     entry_points={"console_scripts": [f"{name} = realformer_tools.cli.{target}" for name, target in COMMANDS.items()]},
     python_requires=">=3.9",
     # torch is deliberately not listed: pip must never replace the torch a user has

@@ -202,5 +202,6 @@ def add_args(parser, available=PATHS):
              "pip install 'realformer-nmt[triton]'; where it does not apply, a call runs what auto would, "
              "said once), or "
              "auto (per path and call: the rule in modules/residual_attention/choice.py, measured on CPU; "
-             "on CUDA triton where it applies, else results/gpu/kernel_rule.json, else bias). Default: auto",
+             "on CUDA triton where it applies, else the rule measured on a GPU, shipped in the package). "
+             "Default: auto",
     )

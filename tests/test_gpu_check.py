@@ -67,11 +67,16 @@ def test_ddp_step_trains_two_ranks_with_both_backends(dry_run):
     ddp = json.loads((out / "ddp.json").read_text())
     checks = {c["backend"]: c for c in ddp["checks"] if "backend" in c}
     assert set(checks) == {"pytorch_ddp", "legacy_ddp"}
-    (fp16,) = [c for c in ddp["checks"] if "backend" not in c]
+    (fp16,) = [c for c in ddp["checks"] if c["name"] == "--fp16 ranks"]
     assert fp16["status"] == "skipped" and "CUDA" in fp16["reason"]
+    exits = [c for c in ddp["checks"] if c["name"].endswith("exit after training")]
+    assert len(exits) == 2 and all(c["status"] == "reported" for c in exits)
     for c in checks.values():
         assert c["status"] == "passed", c
         assert c["returncodes"] == [0, 0] and c["devices"] == 2
+        # every rank saved its own checkpoint: both at max_update, equal bit for bit
+        assert c["rank0_updates"] == c["rank1_updates"] == gpu_check.DRY.ddp_updates
+        assert c["parameters_equal"] is True
         losses = [loss for _, loss in c["train_losses"]]
         assert losses[-1] < losses[0]
 
@@ -82,7 +87,8 @@ def test_train_step_trains_decodes_and_reports_cuda_only_precisions_as_skipped(d
     train = json.loads((out / "train.json").read_text())
     assert train["status"] == "passed" and train["dry_run"] is True
     runs = {c["name"]: c for c in train["checks"]}
-    assert set(runs) == {"fp32/bias", "fp16/bias"}
+    # vanilla: the yardstick of the precision judgement over seeds
+    assert set(runs) == {"fp32/bias", "fp16/bias", "fp32/vanilla", "fp16/vanilla"}
     fp32 = runs["fp32/bias"]
     assert fp32["status"] == "passed" and fp32["updates"] == gpu_check.DRY.train_updates
     losses = [loss for _, loss in fp32["train_losses"]]

@@ -271,22 +271,29 @@ CUDA = torch.device("cuda")
 
 
 @pytest.fixture
-def rule_file(tmp_path, monkeypatch):
-    path = tmp_path / "kernel_rule.json"
-    monkeypatch.setenv(ra.KERNEL_RULE_ENV, str(path))
+def packaged_text(monkeypatch):
+    """Replace what the packaged kernel_rule.json holds: set ``text[0]`` (None: no file)."""
+    text = [None]
+
+    def read():
+        if text[0] is None:
+            raise FileNotFoundError("kernel_rule.json")
+        return text[0]
+
+    monkeypatch.setattr(ra.choice, "_packaged_rule_text", read)
     # the rule is what auto runs where the triton kernel does not apply (test_triton_kernel.py)
     monkeypatch.setattr(ra.triton_kernel, "unsupported", lambda *args, **kwargs: "not the subject here")
-    ra.choice._read_kernel_rule.cache_clear()
-    yield path
-    ra.choice._read_kernel_rule.cache_clear()
+    ra.choice._read_packaged_rule.cache_clear()
+    yield text
+    ra.use_cuda_kernel_rule(None)
+    ra.choice._read_packaged_rule.cache_clear()
 
 
-def test_cuda_auto_reads_the_measured_rule_and_logs_it_once(rule_file, monkeypatch, caplog):
+def test_cuda_auto_reads_the_measured_rule_and_logs_it_once(packaged_text, monkeypatch, caplog):
     import json
     import logging
 
-    rule_file.write_text(json.dumps({"device": "NVIDIA H100", "rule": {"first_layer": "fused",
-                                                                      "later_layers": "bias"}}))
+    packaged_text[0] = json.dumps({"device": "NVIDIA H100", "rule": {"first_layer": "fused", "later_layers": "bias"}})
     monkeypatch.setattr(ra.sdpa_probe, "bias_has_fused_backend", lambda device: True)
     with caplog.at_level(logging.INFO, logger=ra.__name__):
         kernels = [ra.auto_kernel(device=CUDA, training_dropout=True, terms=n) for n in (1, 2, 3)]
@@ -299,17 +306,62 @@ def test_cuda_auto_reads_the_measured_rule_and_logs_it_once(rule_file, monkeypat
         ["fused", "materialized"]
 
 
-def test_cuda_auto_without_a_measured_rule_uses_bias_where_a_fused_backend_takes_it(rule_file, monkeypatch):
-    assert not rule_file.exists()
+def test_cuda_auto_without_a_measured_rule_uses_bias_where_a_fused_backend_takes_it(packaged_text, monkeypatch):
     monkeypatch.setattr(ra.sdpa_probe, "bias_has_fused_backend", lambda device: True)
     assert [ra.auto_kernel(device=CUDA, training_dropout=False, terms=n) for n in (1, 2)] == ["bias", "bias"]
     monkeypatch.setattr(ra.sdpa_probe, "bias_has_fused_backend", lambda device: False)
     assert [ra.auto_kernel(device=CUDA, training_dropout=False, terms=n) for n in (1, 2)] == \
         ["materialized", "materialized"]
-    rule_file.write_text("{not json")
+    packaged_text[0] = "{not json"
     monkeypatch.setattr(ra.sdpa_probe, "bias_has_fused_backend", lambda device: True)
-    ra.choice._read_kernel_rule.cache_clear()
+    ra.choice._read_packaged_rule.cache_clear()
     assert ra.auto_kernel(device=CUDA, training_dropout=False, terms=2) == "bias"  # unreadable: the default
+
+
+def test_cuda_auto_rule_comes_from_the_package_not_the_environment(packaged_text, monkeypatch, tmp_path):
+    """Issues 48 and 51: no environment variable, user cache or checkout folder changes
+    what auto runs; a program overrides the packaged rule explicitly."""
+    import json
+
+    packaged_text[0] = json.dumps({"device": "GPU A", "rule": {"first_layer": "materialized",
+                                                               "later_layers": "materialized"}})
+    other = tmp_path / "kernel_rule.json"
+    other.write_text(json.dumps({"device": "GPU B", "rule": {"first_layer": "fused", "later_layers": "bias"}}))
+    (tmp_path / "realformer_nmt").mkdir()
+    (tmp_path / "realformer_nmt" / "kernel_rule.json").write_text(other.read_text())
+    monkeypatch.setenv("REALFORMER_KERNEL_RULE", str(other))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(ra.sdpa_probe, "bias_has_fused_backend", lambda device: True)
+    assert [ra.auto_kernel(device=CUDA, training_dropout=False, terms=n) for n in (1, 2)] == \
+        ["materialized", "materialized"]
+    assert ra.kernel_rule_source() == (ra.PACKAGED_KERNEL_RULE, "the packaged rule")
+    ra.use_cuda_kernel_rule(str(other))
+    assert [ra.auto_kernel(device=CUDA, training_dropout=False, terms=n) for n in (1, 2)] == ["fused", "bias"]
+    assert ra.kernel_rule_source()[1] == "set by the program"
+    ra.use_cuda_kernel_rule({"first_layer": "bias", "later_layers": "materialized"})
+    assert ra.cuda_kernel_rule() == {"first_layer": "bias", "later_layers": "materialized"}
+    with pytest.raises(ValueError, match="first_layer and later_layers"):
+        ra.use_cuda_kernel_rule({"first_layer": "triangle", "later_layers": "bias"})
+    ra.use_cuda_kernel_rule(None)
+    assert ra.cuda_kernel_rule() == {"first_layer": "materialized", "later_layers": "materialized"}
+
+
+def test_the_packaged_rule_is_the_one_measured_on_the_h100():
+    """The file shipped in the package is the rule derived from the committed H100 speed
+    table (results/gpu/h100-2026-11-27/kernel_rule.json, rederived here)."""
+    import json
+    from pathlib import Path
+
+    from realformer_tools.experiments.gpu_check.rule import rule_from_speed
+
+    ra.choice._read_packaged_rule.cache_clear()
+    packaged = json.loads(Path(ra.PACKAGED_KERNEL_RULE).read_text())
+    results = Path(__file__).resolve().parent.parent / "results" / "gpu" / "h100-2026-11-27"
+    speed = json.loads((results / "speed_float16.json").read_text())
+    derived = rule_from_speed(speed, "results/gpu/h100-2026-11-27/speed_float16.json", auto_ran="bias")
+    assert packaged["rule"] == derived["rule"] == {"first_layer": "bias", "later_layers": "bias"}
+    assert packaged == json.loads((results / "kernel_rule.json").read_text())
+    assert ra.choice._read_packaged_rule()[0] == packaged["rule"]
 
 
 def test_no_cuda_means_no_fused_bias_backend():

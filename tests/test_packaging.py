@@ -2,10 +2,9 @@
 ``pip install --no-deps --target`` into a folder outside the checkout, used from a working
 directory outside it. Its console commands answer ``--help``, ``realformer-nmt-user-dir``
 names the installed plugin, ``fairseq-train --user-dir <that>`` trains, and the CUDA rule of
-``--residual-attention-kernel auto`` is read from the package (then the user's own rule,
-then ``REALFORMER_KERNEL_RULE``), not from a ``results/`` folder next to site-packages.
-
-Also here: the precedence of the rule files, in-process."""
+``--residual-attention-kernel auto`` is read from the package alone (issues 48 and 51: no
+environment variable, user cache or ``results/`` folder changes it; a program may override
+it with ``use_cuda_kernel_rule``)."""
 
 import configparser
 import json
@@ -21,14 +20,12 @@ from pathlib import Path
 import pytest
 from conftest import BIN, REPO
 
-import realformer_nmt.modules.residual_attention as ra
-
-# the rule the test wheel ships (the checkout's results/gpu/kernel_rule.json, replaced in
-# the copy the wheel is built from, so that the test knows what the package must hold)
+# the rule the test wheel ships (the package's kernel_rule.json, replaced in the copy the wheel
+# is built from, so that the test knows what the package must hold)
 PACKAGED_RULE = {"device": "packaging test GPU", "dtype": "float16",
                  "rule": {"first_layer": "fused", "later_layers": "materialized"}}
-USER_RULE = {"device": "user's GPU", "rule": {"first_layer": "bias", "later_layers": "fused"}}
-ENV_RULE = {"device": "named GPU", "rule": {"first_layer": "materialized", "later_layers": "bias"}}
+OTHER_RULE = {"device": "some other GPU", "rule": {"first_layer": "bias", "later_layers": "fused"}}
+RULE_IN_PACKAGE = Path("realformer_nmt") / "modules" / "residual_attention" / "kernel_rule.json"
 
 
 def _copy_sources(dest):
@@ -38,8 +35,8 @@ def _copy_sources(dest):
         shutil.copy2(REPO / name, dest / name)
     for package in ("realformer_nmt", "realformer_tools"):
         shutil.copytree(REPO / package, dest / package, ignore=ignore)
-    (dest / "results" / "gpu").mkdir(parents=True)
-    (dest / "results" / "gpu" / "kernel_rule.json").write_text(json.dumps(PACKAGED_RULE))
+    assert (dest / RULE_IN_PACKAGE).is_file()  # the project's measured rule is package data
+    (dest / RULE_IN_PACKAGE).write_text(json.dumps(PACKAGED_RULE))
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +60,6 @@ def installed(tmp_path_factory):
                    cwd=root, env=env, check=True, capture_output=True, timeout=600)
     run_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), sysconfig.get_paths()["purelib"]]),
                    OMP_NUM_THREADS="1", XDG_CACHE_HOME=str(root / "empty_cache"))
-    run_env.pop(ra.KERNEL_RULE_ENV, None)
     return target, run_env, cwd, wheel
 
 
@@ -89,7 +85,7 @@ def test_every_script_is_a_console_command_of_the_wheel(installed):
     assert commands["realformer-nmt-user-dir"] == "realformer_tools.cli.user_dir:main"
     assert commands["realformer-export-hf"] == "realformer_tools.cli.export_hf:main"
     assert not any(f.startswith(("scripts/", "tests/", "results/")) for f in files)
-    assert "realformer_nmt/modules/kernel_rule.json" in files
+    assert RULE_IN_PACKAGE.as_posix() in files
 
 
 def test_wheel_requires_fairseq_alone_and_the_tools_extra_the_rest(installed):
@@ -155,11 +151,10 @@ logger = logging.getLogger(ra.__name__)
 logger.addHandler(Keep()); logger.setLevel(logging.INFO)
 out = {"module": ra.__file__, "steps": []}
 for step in json.loads(sys.argv[1]):
-    for key, value in step.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    for key, value in step.get("env", {}).items():
+        os.environ[key] = value
+    if "override" in step:
+        ra.use_cuda_kernel_rule(step["override"])
     before = len(records)
     rule = ra.cuda_kernel_rule()
     ra.cuda_kernel_rule()  # logged once
@@ -168,79 +163,34 @@ print(json.dumps(out))
 """
 
 
-def test_installed_package_reads_its_packaged_rule_then_the_users_then_the_named_one(installed, tmp_path):
+def test_installed_package_reads_its_packaged_rule_and_nothing_else(installed, tmp_path):
     target, env, cwd, _ = installed
-    user_cache = tmp_path / "cache"
-    (user_cache / "realformer_nmt").mkdir(parents=True)
-    named = tmp_path / "named_rule.json"
-    named.write_text(json.dumps(ENV_RULE))
+    other = tmp_path / "kernel_rule.json"
+    other.write_text(json.dumps(OTHER_RULE))
+    cache = tmp_path / "cache"
+    (cache / "realformer_nmt").mkdir(parents=True)
+    (cache / "realformer_nmt" / "kernel_rule.json").write_text(json.dumps(OTHER_RULE))
+    (cwd / "results" / "gpu").mkdir(parents=True)
+    (cwd / "results" / "gpu" / "kernel_rule.json").write_text(json.dumps(OTHER_RULE))
     steps = [
-        {},                                                    # nothing of the user's: the packaged rule
-        {"XDG_CACHE_HOME": str(user_cache)},                   # the user's rule (written below)
-        {ra.KERNEL_RULE_ENV: str(named)},                      # the named file wins over both
+        {},                                                               # the packaged rule
+        {"env": {"REALFORMER_KERNEL_RULE": str(other), "XDG_CACHE_HOME": str(cache)}},  # ignored
+        {"override": str(other)},                                         # the program's explicit choice
     ]
-    (user_cache / "realformer_nmt" / "kernel_rule.json").write_text(json.dumps(USER_RULE))
     proc = subprocess.run([sys.executable, "-c", RULE_PROBE, json.dumps(steps)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
+    shutil.rmtree(cwd / "results")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert Path(out["module"]).parent == target / "realformer_nmt" / "modules" / "residual_attention"
-    packaged, user, named_step = out["steps"]
-    assert packaged["rule"] == PACKAGED_RULE["rule"]
-    assert packaged["source"] == [str(target / "realformer_nmt" / "modules" / "kernel_rule.json"),
-                                  "the packaged rule"]
-    assert user["rule"] == USER_RULE["rule"]
-    assert user["source"] == [str(user_cache / "realformer_nmt" / "kernel_rule.json"), "the user's rule"]
-    assert named_step["rule"] == ENV_RULE["rule"]
-    assert named_step["source"] == [str(named), ra.KERNEL_RULE_ENV]
-    for step, device, which in ((packaged, "packaging test GPU", "the packaged rule"),
-                                (user, "user's GPU", "the user's rule"), (named_step, "named GPU", ra.KERNEL_RULE_ENV)):
-        assert len(step["logs"]) == 1, step["logs"]
-        assert device in step["logs"][0] and which in step["logs"][0]
-
-
-# --------------------------------------------------------------------------------------
-# The order of the rule files, in-process (no wheel)
-# --------------------------------------------------------------------------------------
-
-@pytest.fixture
-def rule_places(tmp_path, monkeypatch):
-    places = {"packaged": tmp_path / "pkg" / "kernel_rule.json", "checkout": tmp_path / "repo" / "kernel_rule.json",
-              "user": tmp_path / "cache" / "realformer_nmt" / "kernel_rule.json"}
-    for path in places.values():
-        path.parent.mkdir(parents=True)
-    monkeypatch.setattr(ra.choice, "PACKAGED_KERNEL_RULE", str(places["packaged"]))
-    monkeypatch.setattr(ra.choice, "CHECKOUT_KERNEL_RULE", str(places["checkout"]))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.delenv(ra.KERNEL_RULE_ENV, raising=False)
-    ra.choice._read_kernel_rule.cache_clear()
-    yield places
-    ra.choice._read_kernel_rule.cache_clear()
-
-
-def test_user_rule_path_follows_xdg_cache_home(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert ra.user_kernel_rule_path() == str(tmp_path / "realformer_nmt" / "kernel_rule.json")
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert ra.user_kernel_rule_path() == str(tmp_path / "home" / ".cache" / "realformer_nmt" / "kernel_rule.json")
-
-
-def test_no_rule_anywhere_is_the_bias_default(rule_places):
-    path, which = ra.kernel_rule_source()
-    assert which == "no rule file" and not os.path.exists(path)
-    assert ra.cuda_kernel_rule() == {"first_layer": "bias", "later_layers": "bias"}
-
-
-def test_rule_files_in_order_checkout_packaged_user(rule_places):
-    rules = {name: {"device": name, "rule": {"first_layer": k1, "later_layers": k2}}
-             for name, k1, k2 in (("checkout", "fused", "fused"), ("packaged", "materialized", "fused"),
-                                  ("user", "bias", "materialized"))}
-    expected = {"checkout": "the checkout's rule", "packaged": "the packaged rule", "user": "the user's rule"}
-    for name in ("checkout", "packaged", "user"):  # each one added shadows the ones before
-        rule_places[name].write_text(json.dumps(rules[name]))
-        assert ra.kernel_rule_source() == (str(rule_places[name]), expected[name])
-        assert ra.cuda_kernel_rule() == rules[name]["rule"]
+    packaged, with_env, override = out["steps"]
+    assert packaged["rule"] == with_env["rule"] == PACKAGED_RULE["rule"]
+    assert packaged["source"] == with_env["source"] == [str(target / RULE_IN_PACKAGE), "the packaged rule"]
+    assert len(packaged["logs"]) == 1 and "packaging test GPU" in packaged["logs"][0]
+    assert with_env["logs"] == []  # the same rule: logged once
+    assert override["rule"] == OTHER_RULE["rule"]
+    assert override["source"] == [f"use_cuda_kernel_rule({other})", "set by the program"]
+    assert len(override["logs"]) == 1 and "set by the program" in override["logs"][0]
 
 
 # --------------------------------------------------------------------------------------

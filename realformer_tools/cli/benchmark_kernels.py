@@ -7,8 +7,9 @@ self path) it times a stack of ``--layers`` attention modules with every kernel,
 (first layer, later layers) pair of kernels, hybrids fused for the first m layers, and
 fairseq's vanilla attention, interleaved in one process (on CUDA also each one's peak
 memory); prints one line per configuration and writes JSON. ``--rule`` writes the rule
-``auto`` applies on that device (fastest kernel per position with memory not above
-materialized) in the schema of ``results/gpu/kernel_rule.json``.
+``auto`` would apply on that device (fastest kernel per position with memory not above
+materialized) in the schema of the rule the package ships
+(``realformer_nmt/modules/residual_attention/kernel_rule.json``, what ``auto`` applies).
 
   python scripts/benchmark_kernels.py --json results/kernel_timing_cpu.json
   python scripts/benchmark_kernels.py --device cuda --dtype float16 --lengths 128,512,1024 \

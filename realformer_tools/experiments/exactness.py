@@ -1,34 +1,100 @@
-"""Exactness of every kernel against ``materialized`` on one device, in float32, per
-parameter tensor (``make gpu-check GPU_CHECK_ARGS=--quick``; the dry run on the CPU).
+"""Exactness of every kernel, judged by yardsticks measured in the same run on the same
+device (``make gpu-check GPU_CHECK_ARGS=--quick``; its dry run on the CPU, in CI).
 
-* A 6+6 ``realformer_transformer`` with every path on (encoder, decoder, cross), sum and
-  mean: each kernel (``bias``, ``fused``, ``auto``) against ``materialized`` with the same
-  weights and batch (left-padded sources, padded targets), training mode without dropout:
-  the output and the gradient of **each parameter tensor**, every layer's ``q_proj`` and
-  ``k_proj`` included, within a relative error of 1e-4 (``||g - g_ref|| / ||g_ref||``).
-  The ``k_proj.bias`` tensors, whose exact gradient is zero (a softmax does not see a
-  constant added to a row), must instead have a gradient norm (theirs and the reference's:
-  rounding noise) below ``FLOOR`` times the largest tensor's; that floor is also the
-  smallest denominator of a relative error, and a ``q_proj`` / ``k_proj`` weight whose
-  reference gradient is below it fails (the check would not see a lost gradient there).
-* One ``bias`` layer on a running sum that needs a gradient (what training runs): its
-  output and the sum's gradient (SDPA's mask gradient) against ``materialized``.
-* Which SDPA backend ran for that ``bias`` layer, forward and backward: the ``aten`` op
-  names and device kernel names ``torch.profiler`` records.
+Models: a 6+6 ``realformer_transformer`` with every path on (encoder, decoder, cross), in
+training mode without dropout, one batch (left-padded sources, padded targets), the same
+weights for every kernel. Three variants (:data:`VARIANTS`): the *peaked* model (every
+``q_proj`` / ``k_proj`` weight x3, so that the residual scores matter), sum and mean; the
+*plain* model (x1), sum; and the plain model with GELU instead of ReLU, sum.
+
+1. **The mathematics, in float64** (:func:`float64_proof`): each kernel (``bias``,
+   ``fused``, ``auto``) against ``materialized``, both in float64, on the peaked model, sum
+   and mean: the output and the gradient of each parameter tensor within a relative error
+   of 1e-10 (:data:`FLOAT64_TOLERANCE`; float64 rounding is ~1e-16, so anything above is a
+   difference in what is computed). Where the kernel cannot run in float64 on the device
+   (on CUDA the ``bias`` kernel's memory-efficient SDPA backend has no float64: its calls
+   run ``materialized``), the check says so and is ``reported``; the CPU proof covers it.
+2. **float32 against float64** (:func:`model_agreement`): each kernel's distance to a
+   float64 reference of the same model (``materialized`` in float64, same weights and
+   batch), the output's relative error and the worst parameter tensor's, judged against
+   two yardsticks measured in the same run: ``materialized``'s own distance, and fairseq's
+   own attention's (``--residual-attention-paths none``, the same weights, against its own
+   float64 reference). A kernel passes when both its distances are at most
+   ``2 x`` the larger yardstick ``+ 1e-6`` (:data:`YARDSTICK_FACTOR`,
+   :data:`YARDSTICK_SLACK`). Why not "kernel vs materialized <= 1e-4": two float32
+   algorithms for one function differ by the function's conditioning times float32's
+   rounding, and on the peaked model in sum mode that is ~3e-4 on CUDA for *every*
+   implementation, fairseq's own attention included (H100, 2026-11-27): a fixed tolerance
+   measures the model, not the kernel. Against float64, a kernel that computes something
+   else, or loses accuracy (a kernel 10x less accurate than ``materialized`` fails:
+   ``tests/test_gpu_quick.py``), stands out; one as accurate as the yardsticks passes.
+   The factor 2 allows for the different summation orders of equally accurate
+   algorithms (measured: 0.67-1.4x ``materialized``'s distance); the 1e-6 for a yardstick
+   that happens to land near zero.
+
+   **ReLU flips.** On a ReLU model a hidden unit whose pre-activation is within float32
+   rounding of zero can be on in one implementation and off in float64; its whole
+   contribution then enters or leaves that layer's ``fc1`` / ``fc2`` gradients, and the
+   worst tensor jumps (H100, plain model, sum: ``bias`` / ``fused`` 1.5e-4 from float64,
+   ``materialized`` 1.7e-6, worst tensor an ``fc1.weight``). The check counts, per kernel,
+   the units whose ReLU state differs from float64's (``relu_flips``). A ReLU model's
+   gradient above its limit with more flips than ``materialized``'s and the worst tensor
+   an ``fc1`` / ``fc2`` is ``reported`` with that explanation, not passed; the GELU model
+   (smooth: no unit switches, so no jump) is judged plainly and tells whether the
+   explanation holds. The output (a flipped unit is ~0 either way) is judged plainly on
+   every model.
+3. **Per precision, reported** (:func:`precision_distances`): the same distances to float64
+   in float16 and bfloat16, for every kernel and for fairseq's own attention (the numeric
+   cost of the residual sum in half precision, beside fairseq's).
+4. One ``bias`` layer on a running sum that needs a gradient (what training runs): its
+   output and the sum's gradient (SDPA's mask gradient) against ``materialized``
+   (relative error of 1e-4), and which SDPA backend ran for it, forward and backward (the
+   ``aten`` op names and device kernel names ``torch.profiler`` records).
+
+Relative errors are ``||x - ref|| / ||ref||`` per tensor. The ``k_proj.bias`` tensors,
+whose exact gradient is zero (a softmax does not see a constant added to a row), must
+instead have a gradient norm below ``FLOOR`` times the largest tensor's; that floor is
+also the smallest denominator of a relative error, and a ``q_proj`` / ``k_proj`` weight
+whose reference gradient is below it fails (the check would not see a lost gradient).
 """
 
 import argparse
+import contextlib
+import copy
+import dataclasses
 import re
 import types
 from collections import Counter
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
-RELATIVE_TOLERANCE = 1e-4
+RELATIVE_TOLERANCE = 1e-4  # the bias layer's mask gradient against materialized (float32)
 FLOOR = 1e-4
+FLOAT64_TOLERANCE = 1e-10
+YARDSTICK_FACTOR = 2.0
+YARDSTICK_SLACK = 1e-6
 KERNELS = ("bias", "fused", "auto")
 MODES = ("sum", "mean")
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str
+    qk_scale: float
+    activation: str
+    modes: Tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"{self.name} model (q/k x{self.qk_scale:g}, {self.activation})"
+
+
+VARIANTS = (
+    Variant("peaked", 3.0, "relu", ("sum", "mean")),
+    Variant("plain", 1.0, "relu", ("sum",)),
+    Variant("plain-gelu", 1.0, "gelu", ("sum",)),
+)
 
 # aten op -> SDPA backend (torch.nn.attention.SDPBackend names)
 BACKEND_OPS = (
@@ -43,7 +109,8 @@ BACKEND_OPS = (
 _ATTENTION_NAME = re.compile(r"attention|fmha|flash|cudnn|sdp", re.IGNORECASE)
 
 
-def model_args(dims: Dict[str, int], kernel: str, mode: str, arch: str = "realformer_transformer"):
+def model_args(dims: Dict[str, int], kernel: str, mode: str, arch: str = "realformer_transformer",
+               activation: str = "relu", paths: Optional[str] = None):
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
     args = argparse.Namespace(
@@ -51,30 +118,53 @@ def model_args(dims: Dict[str, int], kernel: str, mode: str, arch: str = "realfo
         encoder_embed_dim=dims["embed"], decoder_embed_dim=dims["embed"],
         encoder_ffn_embed_dim=2 * dims["embed"], decoder_ffn_embed_dim=2 * dims["embed"],
         encoder_attention_heads=dims["heads"], decoder_attention_heads=dims["heads"],
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, activation_fn=activation,
         residual_attention_kernel=kernel, residual_attention_mode=mode,
     )
+    if paths is not None:
+        args.residual_attention_paths = paths
     ARCH_CONFIG_REGISTRY[arch](args)
     return args
 
 
-def build(dims, kernel, mode, device, seed=1):
+def dictionary(dims):
     from fairseq.data import Dictionary
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    import realformer_nmt  # noqa: F401  (registers the arch)
 
     d = Dictionary()
     for i in range(dims["vocab"]):
         d.add_symbol(f"w{i}")
+    return d
+
+
+def build(dims, kernel, mode, device, seed=1, qk_scale=3.0, activation="relu", paths=None,
+          dtype=torch.float32):
+    """``(model, dictionary)``: the model in ``dtype`` on ``device``, training mode; the
+    weights depend on ``seed``, ``qk_scale`` and the dims only (not on the kernel)."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import realformer_nmt  # noqa: F401  (registers the arch)
+
+    d = dictionary(dims)
     task = types.SimpleNamespace(source_dictionary=d, target_dictionary=d)
     torch.manual_seed(seed)
-    model = ARCH_MODEL_REGISTRY["realformer_transformer"].build_model(model_args(dims, kernel, mode), task)
+    args = model_args(dims, kernel, mode, activation=activation, paths=paths)
+    model = ARCH_MODEL_REGISTRY["realformer_transformer"].build_model(args, task)
     with torch.no_grad():  # peaked attention, so that the residual scores matter
         for name, p in model.named_parameters():
             if name.endswith(("q_proj.weight", "k_proj.weight")):
-                p.mul_(3.0)
-    return model.to(device).train(), d
+                p.mul_(qk_scale)
+    return model.to(device=device, dtype=dtype).train(), d
+
+
+def with_kernel(model, kernel, device, dtype):
+    """A copy of ``model`` (same weights) running ``kernel``, in ``dtype`` on ``device``."""
+    from realformer_nmt.modules import ResidualMultiheadAttention
+
+    twin = copy.deepcopy(model)
+    for m in twin.modules():
+        if isinstance(m, ResidualMultiheadAttention):
+            m.kernel = kernel
+    return twin.to(device=device, dtype=dtype).train()
 
 
 def make_batch(d, dims, device, seed=2):
@@ -91,22 +181,44 @@ def make_batch(d, dims, device, seed=2):
     return src.to(device), lengths.to(device), tgt.to(device)
 
 
-def forward_backward(model, batch):
+def forward_backward(model, batch, activations=None):
+    """``(output, {parameter: gradient})`` in float32 (float64 for a float64 model); with
+    ``activations`` (a dict), every ``fc1`` output (the FFN's pre-activation) is kept there."""
     src, lengths, tgt = batch
     model.zero_grad(set_to_none=True)
-    out, _ = model(src, lengths, tgt)
-    weights = torch.linspace(0.5, 1.5, out.numel(), device=out.device).view_as(out)
-    (out.float() * weights).sum().backward()
-    grads = {name: (p.grad.detach().float().clone() if p.grad is not None else None)
+    hooks = []
+    if activations is not None:
+        for name, m in model.named_modules():
+            if name.endswith("fc1"):
+                hooks.append(m.register_forward_hook(
+                    lambda mod, inp, out, name=name: activations.__setitem__(name, out.detach())))
+    try:
+        out, _ = model(src, lengths, tgt)
+    finally:
+        for h in hooks:
+            h.remove()
+    wide = torch.float64 if out.dtype == torch.float64 else torch.float32
+    weights = torch.linspace(0.5, 1.5, out.numel(), device=out.device, dtype=wide).view_as(out)
+    (out.to(wide) * weights).sum().backward()
+    grads = {name: (p.grad.detach().to(wide).clone() if p.grad is not None else None)
              for name, p in model.named_parameters()}
-    return out.detach().float(), grads
+    return out.detach().to(wide), grads
 
 
 def relative(x, ref, floor=0.0) -> float:
-    return float((x - ref).norm() / max(float(ref.norm()), floor, 1e-30))
+    x, ref = x.double(), ref.double()
+    return float((x - ref).norm() / max(float(ref.norm()), floor, 1e-300))
 
 
-def compare_gradients(grads, ref) -> dict:
+def relu_flips(acts, ref_acts) -> int:
+    """Hidden units whose ReLU state (pre-activation > 0) differs from the reference's."""
+    return sum(int(((acts[n] > 0) != (ref_acts[n] > 0)).sum()) for n in ref_acts if n in acts)
+
+
+def compare_gradients(grads, ref, tolerance: Optional[float] = RELATIVE_TOLERANCE) -> dict:
+    """Per parameter tensor: relative errors, the worst, and the problems: a gradient
+    missing, a ``k_proj.bias`` gradient above the floor, a ``q_proj`` / ``k_proj`` weight
+    whose reference gradient is below it, and (with ``tolerance``) errors above it."""
     norms = {n: float(g.norm()) for n, g in ref.items() if g is not None}
     floor = FLOOR * max(norms.values())
     errors, problems, zeros = {}, [], {}
@@ -126,7 +238,7 @@ def compare_gradients(grads, ref) -> dict:
                                 f"above the floor {floor:.2e}")
             continue
         errors[name] = relative(got, want, floor)
-        if errors[name] > RELATIVE_TOLERANCE:
+        if tolerance is not None and errors[name] > tolerance:
             problems.append(f"{name}: relative error {errors[name]:.2e}")
     projections = [n for n in ref if re.search(r"(self_attn|encoder_attn)\.[qk]_proj\.weight$", n)]
     weak = [n for n in projections if norms.get(n, 0.0) <= floor]
@@ -139,25 +251,219 @@ def compare_gradients(grads, ref) -> dict:
                 problems=problems)
 
 
-def model_agreement(device, dims, log=print) -> List[dict]:
+def distance(out, grads, ref_out, ref_grads) -> dict:
+    """A model's distance to its reference: the output's relative error, the worst
+    parameter tensor's (``max_relative``, ``worst_tensor``) and the structural problems."""
+    result = compare_gradients(grads, ref_grads, tolerance=None)
+    result["output_relative"] = relative(out, ref_out)
+    return result
+
+
+def _short(d: dict) -> dict:
+    return dict(output=d["output_relative"], gradient=d["max_relative"], worst_tensor=d["worst_tensor"])
+
+
+def limits(yardsticks: Dict[str, dict]) -> Tuple[float, float]:
+    """``(output limit, gradient limit)``: 2x the larger yardstick plus 1e-6."""
+    out = max(y["output"] for y in yardsticks.values())
+    grad = max(y["gradient"] for y in yardsticks.values())
+    return YARDSTICK_FACTOR * out + YARDSTICK_SLACK, YARDSTICK_FACTOR * grad + YARDSTICK_SLACK
+
+
+def judge(kernel: str, mode: str, variant: Variant, d: dict, yardsticks: Dict[str, dict],
+          flips: Optional[int] = None, materialized_flips: Optional[int] = None) -> dict:
+    """The float32 check of one kernel (see the module docstring, 2.)."""
+    limit_out, limit_grad = limits(yardsticks)
+    problems = list(d["problems"])
+    explained = None
+    if d["output_relative"] > limit_out:
+        problems.append(f"output {d['output_relative']:.2e} from float64 > {limit_out:.2e} "
+                        f"({YARDSTICK_FACTOR:g}x the larger yardstick + {YARDSTICK_SLACK:g})")
+    if d["max_relative"] is not None and d["max_relative"] > limit_grad:
+        text = (f"worst gradient {d['max_relative']:.2e} from float64 ({d['worst_tensor']}) > {limit_grad:.2e} "
+                f"({YARDSTICK_FACTOR:g}x the larger yardstick + {YARDSTICK_SLACK:g})")
+        ffn = bool(re.search(r"\.fc[12]\.", d["worst_tensor"] or ""))
+        if variant.activation == "relu" and flips is not None and flips > (materialized_flips or 0) and ffn:
+            explained = (f"{text}: explained by ReLU flips: {flips} hidden units on the other side of zero than "
+                         f"in float64 (materialized: {materialized_flips}); reported, not judged; the gelu "
+                         "model (no flips) is judged")
+        else:
+            problems.append(text)
+    status = "failed" if problems else ("reported" if explained else "passed")
+    reason = "; ".join(problems[:5]) if problems else explained
+    return dict(name=f"{kernel} float32 vs float64 ({variant.name}, {mode})", status=status, reason=reason,
+                kernel=kernel, mode=mode, model=variant.name, qk_scale=variant.qk_scale,
+                activation=variant.activation, limit_output=limit_out, limit_gradient=limit_grad,
+                yardsticks=yardsticks, relu_flips=flips, materialized_relu_flips=materialized_flips,
+                **{k: v for k, v in d.items() if k != "problems"}, problems=problems)
+
+
+def _measure(base, kernel, device, dtype, batch, activations=False):
+    model = with_kernel(base, kernel, device, dtype)
+    acts = {} if activations else None
+    out, grads = forward_backward(model, batch, acts)
+    del model
+    return out, grads, acts
+
+
+def model_agreement(device, dims, log=print, variants=VARIANTS) -> List[dict]:
+    """Every kernel in float32 against float64, judged by the yardsticks (docstring, 2.)."""
     checks = []
-    for mode in MODES:
-        ref_model, d = build(dims, "materialized", mode, device)
+    for variant in variants:
+        d = dictionary(dims)
         batch = make_batch(d, dims, device)
-        ref_out, ref_grads = forward_backward(ref_model, batch)
+        fairseq_base, _ = build(dims, "materialized", "sum", "cpu", qk_scale=variant.qk_scale,
+                                activation=variant.activation, paths="none")
+        ref_out, ref_grads, _ = _measure(fairseq_base, "materialized", device, torch.float64, batch)
+        out, grads, _ = _measure(fairseq_base, "materialized", device, torch.float32, batch)
+        fairseq = _short(distance(out, grads, ref_out, ref_grads))
+        checks.append(dict(name=f"fairseq attention (paths none) float32 vs float64 ({variant.name})",
+                           status="reported", reason="yardstick", kernel="none", mode=None, model=variant.name,
+                           qk_scale=variant.qk_scale, activation=variant.activation,
+                           output_relative=fairseq["output"], max_relative=fairseq["gradient"],
+                           worst_tensor=fairseq["worst_tensor"]))
+        for mode in variant.modes:
+            base, _ = build(dims, "materialized", mode, "cpu", qk_scale=variant.qk_scale,
+                            activation=variant.activation)
+            ref_out, ref_grads, ref_acts = _measure(base, "materialized", device, torch.float64, batch, True)
+            measured = {}
+            for kernel in ("materialized",) + KERNELS:
+                out, grads, acts = _measure(base, kernel, device, torch.float32, batch, True)
+                dist = distance(out, grads, ref_out, ref_grads)
+                dist["relu_flips"] = relu_flips(acts, ref_acts) if variant.activation == "relu" else None
+                measured[kernel] = (dist, grads)
+            mat, mat_grads = measured["materialized"]
+            yardsticks = {"materialized": _short(mat), "fairseq": fairseq}
+            checks.append(dict(name=f"materialized float32 vs float64 ({variant.name}, {mode})", status="reported",
+                               reason="yardstick", kernel="materialized", mode=mode, model=variant.name,
+                               qk_scale=variant.qk_scale, activation=variant.activation,
+                               relu_flips=mat["relu_flips"], **{k: v for k, v in mat.items() if k != "relu_flips"}))
+            for kernel in KERNELS:
+                dist, grads = measured[kernel]
+                flips = dist.pop("relu_flips")
+                c = judge(kernel, mode, variant, dist, yardsticks, flips, mat["relu_flips"])
+                vs = compare_gradients(grads, mat_grads, tolerance=None)
+                c["vs_materialized"] = dict(max_relative=vs["max_relative"], worst_tensor=vs["worst_tensor"])
+                log(f"exactness: {c['name']}: {c['status']}, output {c['output_relative']:.1e}, worst gradient "
+                    f"{c['max_relative']:.1e} (limits {c['limit_output']:.1e} / {c['limit_gradient']:.1e}; "
+                    f"materialized {mat['output_relative']:.1e} / {mat['max_relative']:.1e}, fairseq "
+                    f"{fairseq['output']:.1e} / {fairseq['gradient']:.1e})")
+                checks.append(c)
+    return checks
+
+
+def one_relu_flip(device, dims, variant=VARIANTS[1], mode="sum") -> dict:
+    """What one ReLU flip does, in float64 (no rounding): the unit whose pre-activation is
+    nearest zero is put on the other side, and the output and gradients are compared with
+    the unflipped model. Also how many units lie within ``1e-6`` / ``1e-5`` of zero (where
+    float32 rounding can flip them). The H100's plain-model numbers (``bias`` / ``fused``
+    1.5e-4 from float64, worst tensor an ``fc1.weight``, output unchanged) are what one flip
+    gives at the quick check's size on the CPU (``results/gpu/h100-2026-11-27/summary.md``)."""
+    base, d = build(dims, "materialized", mode, "cpu", qk_scale=variant.qk_scale, activation=variant.activation)
+    batch = make_batch(d, dims, device)
+    ref_out, ref_grads, ref_acts = _measure(base, "materialized", device, torch.float64, batch, True)
+    values = torch.cat([a.flatten().abs() for a in ref_acts.values()])
+    name = min(ref_acts, key=lambda n: float(ref_acts[n].abs().min()))
+    index = int(ref_acts[name].abs().flatten().argmin())
+    model = with_kernel(base, "materialized", device, torch.float64)
+
+    def flip(module, inputs, out):
+        out = out.clone()
+        out.view(-1)[index] = -out.view(-1)[index]
+        return out
+
+    dict(model.named_modules())[name].register_forward_hook(flip)
+    out, grads = forward_backward(model, batch)
+    dist = distance(out, grads, ref_out, ref_grads)
+    return dict(units=values.numel(), within_1e6=int((values < 1e-6).sum()), within_1e5=int((values < 1e-5).sum()),
+                flipped=name, pre_activation=float(ref_acts[name].flatten()[index]),
+                output_relative=dist["output_relative"], max_relative=dist["max_relative"],
+                worst_tensor=dist["worst_tensor"])
+
+
+def _bias_takes_float64(device) -> bool:
+    """Whether the ``bias`` kernel's SDPA backend runs float64 with a mask gradient here."""
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    from realformer_nmt.modules.residual_attention import sdpa_probe
+
+    q = torch.randn(1, 1, 8, 16, device=device, dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros(1, 1, 8, 8, device=device, dtype=torch.float64, requires_grad=True)
+    try:
+        with sdpa_kernel(sdpa_probe.mask_grad_backends(torch.device(device))):
+            F.scaled_dot_product_attention(q, q, q, attn_mask=bias).sum().backward()
+    except RuntimeError:
+        return False
+    return True
+
+
+def float64_proof(device, dims, log=print, variant=VARIANTS[0]) -> List[dict]:
+    """Each kernel against materialized, both in float64 (docstring, 1.)."""
+    checks = []
+    d = dictionary(dims)
+    batch = make_batch(d, dims, device)
+    bias_float64 = _bias_takes_float64(device)
+    for mode in variant.modes:
+        base, _ = build(dims, "materialized", mode, "cpu", qk_scale=variant.qk_scale, activation=variant.activation)
+        ref_out, ref_grads, _ = _measure(base, "materialized", device, torch.float64, batch)
         for kernel in KERNELS:
-            model, _ = build(dims, kernel, mode, device)
-            out, grads = forward_backward(model, batch)
-            result = compare_gradients(grads, ref_grads)
-            result["output_relative"] = relative(out, ref_out)
-            if result["output_relative"] > RELATIVE_TOLERANCE:
-                result["problems"].insert(0, f"output: relative error {result['output_relative']:.2e}")
-            name = f"{kernel} vs materialized ({mode})"
-            status = "failed" if result["problems"] else "passed"
-            log(f"exactness: {name}: {status}, max relative error {result['max_relative']:.2e} over "
-                f"{result['tensors']} tensors")
-            checks.append(dict(name=name, status=status, reason="; ".join(result["problems"][:5]) or None,
-                               kernel=kernel, mode=mode, **result))
+            name = f"{kernel} float64 vs materialized float64 ({variant.name}, {mode})"
+            try:
+                out, grads, _ = _measure(base, kernel, device, torch.float64, batch)
+            except RuntimeError as exc:
+                checks.append(dict(name=name, status="reported", kernel=kernel, mode=mode,
+                                   reason=f"does not run in float64 on {device}: {str(exc).splitlines()[0][:200]}"))
+                continue
+            dist = distance(out, grads, ref_out, ref_grads)
+            worst = max(dist["output_relative"], dist["max_relative"] or 0.0)
+            problems = list(dist.pop("problems"))
+            if worst > FLOAT64_TOLERANCE:
+                problems.insert(0, f"output {dist['output_relative']:.2e}, worst gradient {dist['max_relative']:.2e} "
+                                   f"({dist['worst_tensor']}) > {FLOAT64_TOLERANCE:g}")
+            status, reason = ("failed", "; ".join(problems[:5])) if problems else ("passed", None)
+            if not bias_float64 and kernel in ("bias", "auto") and status == "passed":
+                status, reason = "reported", (f"the bias kernel's SDPA backend on {device} has no float64: its calls "
+                                              "ran materialized (the CPU proof covers bias)")
+            log(f"exactness: {name}: {status}, output {dist['output_relative']:.1e}, worst gradient "
+                f"{dist['max_relative']:.1e}")
+            checks.append(dict(name=name, status=status, reason=reason, kernel=kernel, mode=mode,
+                               model=variant.name, tolerance=FLOAT64_TOLERANCE, **dist))
+    return checks
+
+
+def precision_distances(device, dims, log=print, variants=VARIANTS[:2]) -> List[dict]:
+    """float16 and bfloat16 distances to float64 per kernel and for fairseq's own attention
+    (reported: the numeric cost of half precision, beside fairseq's)."""
+    checks = []
+    for variant in variants:
+        d = dictionary(dims)
+        batch = make_batch(d, dims, device)
+        fairseq_base, _ = build(dims, "materialized", "sum", "cpu", qk_scale=variant.qk_scale,
+                                activation=variant.activation, paths="none")
+        fs_ref = _measure(fairseq_base, "materialized", device, torch.float64, batch)
+        for mode in variant.modes:
+            base, _ = build(dims, "materialized", mode, "cpu", qk_scale=variant.qk_scale,
+                            activation=variant.activation)
+            ref_out, ref_grads, _ = _measure(base, "materialized", device, torch.float64, batch)
+            for dtype in HALF_DTYPES:
+                table = {}
+                for kernel in ("materialized",) + KERNELS:
+                    out, grads, _ = _measure(base, kernel, device, dtype, batch)
+                    table[kernel] = dict(_short(distance(out, grads, ref_out, ref_grads)),
+                                         finite=bool(torch.isfinite(out).all()))
+                out, grads, _ = _measure(fairseq_base, "materialized", device, dtype, batch)
+                table["fairseq"] = dict(_short(distance(out, grads, fs_ref[0], fs_ref[1])),
+                                        finite=bool(torch.isfinite(out).all()))
+                dtype_name = str(dtype).replace("torch.", "")
+                ratio = max(t["output"] for k, t in table.items() if k != "fairseq") / max(table["fairseq"]["output"],
+                                                                                          1e-30)
+                checks.append(dict(name=f"{dtype_name} vs float64 ({variant.name}, {mode})", status="reported",
+                                   reason=f"measured, not judged: the kernels' output at most {ratio:.1f}x "
+                                          "fairseq's attention's distance", dtype=dtype_name, mode=mode,
+                                   model=variant.name, distances=table))
+                log(f"exactness: {checks[-1]['name']}: " + ", ".join(
+                    f"{k} {v['output']:.1e}/{v['gradient']:.1e}" for k, v in table.items()))
     return checks
 
 
@@ -270,12 +576,41 @@ def check_backends(record, device) -> dict:
                                        f"backward {backward}", **record)
 
 
-def run(device, dims, log=print) -> List[dict]:
-    torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 on Ampere and later
+@contextlib.contextmanager
+def true_float32():
+    """float32 means float32 on Ampere and later (no TF32 matmuls), restored after."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    checks = model_agreement(device, dims, log)
-    checks.append(mask_gradient(device, dims))
-    checks.append(check_backends(sdpa_backends(device, dims), device))
-    for c in checks[-2:]:
-        log(f"exactness: {c['name']}: {c['status']}" + (f" ({c['reason']})" if c["reason"] else ""))
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def run(device, dims, log=print, deadline=None) -> List[dict]:
+    """Every part above; with ``deadline`` (a ``time.time()``), a part that would start after
+    it is not run and says so (failed when it is judged, skipped when only reported)."""
+    import time
+
+    parts = [
+        ("the float64 proof", True, lambda: float64_proof(device, dims, log)),
+        *[(f"float32 vs float64 ({v.name})", True, lambda v=v: model_agreement(device, dims, log, variants=(v,)))
+          for v in VARIANTS],
+        ("the bias layer's mask gradient", True, lambda: [mask_gradient(device, dims)]),
+        ("the bias layer's SDPA backend", True, lambda: [check_backends(sdpa_backends(device, dims), device)]),
+        ("half-precision distances", False, lambda: precision_distances(device, dims, log)),
+    ]
+    checks = []
+    with true_float32():
+        for what, judged, part in parts:
+            if deadline is not None and time.time() > deadline:
+                checks.append(dict(name=f"exactness: {what}", status="failed" if judged else "skipped",
+                                   reason="not run: the section's reserved time was spent"))
+                continue
+            found = part()
+            if len(found) == 1:
+                c = found[0]
+                log(f"exactness: {c['name']}: {c['status']}" + (f" ({c['reason']})" if c["reason"] else ""))
+            checks += found
     return checks

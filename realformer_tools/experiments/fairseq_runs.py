@@ -160,14 +160,15 @@ def _attempt_seconds(attempts, log_path):
     return total
 
 
-def train_resumable(cmd, run_dir, label="", log=print, max_update=None, env=None):
+def train_resumable(cmd, run_dir, label="", log=print, max_update=None, env=None, timeout=None):
     """Train once in ``run_dir`` (a ``--save-dir`` given in ``cmd``); return the run's record.
 
     The record (also ``run_dir/train.json``): ``status`` ("finished" or "diverged"),
     ``reason``, ``seconds`` (wall time over all attempts), ``updates``, ``curve`` (the
     validation records, see ``parse_log``), ``command`` and ``log``. A finished or diverged
     run with the same command is returned without training again; a different command in
-    the same folder is refused (it would mix two runs).
+    the same folder is refused (it would mix two runs). ``timeout``: seconds after which
+    this attempt is killed (a ``RunError``; asked again, fairseq resumes it).
     """
     os.makedirs(run_dir, exist_ok=True)
     marker, log_path = os.path.join(run_dir, "train.json"), os.path.join(run_dir, "train.log")
@@ -190,7 +191,7 @@ def train_resumable(cmd, run_dir, label="", log=print, max_update=None, env=None
             log(f"{label}restarting from update 0 (the last attempt stopped before its first checkpoint)")
     attempts.append({"command": command, "start": time.time(), "end": None})
     write_json(attempts_path, attempts)
-    returncode, lines = run_logged(command, log_path, label, log, max_update, env)
+    returncode, lines = run_logged(command, log_path, label, log, max_update, env, timeout=timeout)
     attempts[-1]["end"] = time.time()
     attempts[-1]["returncode"] = returncode
     write_json(attempts_path, attempts)

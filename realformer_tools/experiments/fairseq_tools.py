@@ -117,8 +117,9 @@ def _eta(first, update, max_update):
     return f" | {rate:.2f} upd/s, eta {int(left // 60)}m{int(left % 60):02d}s"
 
 
-def run_logged(cmd, log_path, label="", log=print, max_update=None, env=None):
+def run_logged(cmd, log_path, label="", log=print, max_update=None, env=None, timeout=None):
     """Run ``cmd``, append its output to ``log_path`` and echo progress lines with an ETA.
+    With ``timeout`` (seconds), a run still going then is killed (returncode -9).
 
     Returns ``(returncode, lines of this attempt)``.
     """
@@ -127,6 +128,11 @@ def run_logged(cmd, log_path, label="", log=print, max_update=None, env=None):
         out.write(f"### {time.strftime('%Y-%m-%d %H:%M:%S')} running: {quote(cmd)}\n")
         proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, encoding="utf-8", errors="replace", env=env or cli_env())
+        timer = None
+        if timeout is not None:
+            timer = threading.Timer(max(0.0, timeout), proc.kill)
+            timer.daemon = True
+            timer.start()
         try:
             for line in proc.stdout:
                 out.write(line)
@@ -147,4 +153,6 @@ def run_logged(cmd, log_path, label="", log=print, max_update=None, env=None):
                 log(f"{label}{shown}{eta}")
         finally:
             proc.wait()
+            if timer is not None:
+                timer.cancel()
     return proc.returncode, lines

@@ -15,7 +15,8 @@ Variants are interleaved round by round in one process, so machine load hits all
 medians are reported, with ratios. On CUDA each variant's peak memory over a step
 (``torch.cuda.max_memory_allocated`` above what was allocated before it) is recorded
 too, and :func:`derive_rule` turns a run into the rule ``auto`` applies on that device
-(:func:`kernel_rule` writes it in the schema ``results/gpu/kernel_rule.json`` uses).
+(:func:`kernel_rule` writes it in the schema of the packaged rule,
+``realformer_nmt/modules/residual_attention/kernel_rule.json``).
 """
 
 import math
@@ -193,7 +194,7 @@ def derive_rule(result: dict) -> dict:
 
 
 def kernel_rule(result: dict, command: str) -> dict:
-    """The rule file ``auto`` reads on CUDA (``results/gpu/kernel_rule.json``)::
+    """A rule file in the schema ``auto`` reads on CUDA (the package's ``kernel_rule.json``)::
 
         {"device": "<gpu name>", "dtype": "float16",
          "rule": {"first_layer": "<kernel>", "later_layers": "<kernel>"},

@@ -9,7 +9,8 @@ it with ``pthread_exit``, whose unwinding through torch's ``noexcept`` GIL guard
 exits with status 134 after succeeding.
 
 Fix: the threads are tracked and, at exit, each finishes its batch in flight and ends
-(bounded at 10 s).
+(bounded at 10 s; a wait of more than a second is said on stderr, so that a slow exit of a
+finished run shows whether this handler was the wait: on the CPU it takes ~0.01 s).
 
 When it is no longer needed: ``tests/test_reliability_resume.py`` runs fairseq's own
 ``BufferedIterator`` without the patch and expects the abort; it fails (telling us)
@@ -19,6 +20,7 @@ once fairseq or CPython stops aborting.
 import atexit
 import functools
 import queue
+import sys
 import time
 import weakref
 
@@ -39,8 +41,22 @@ def tracking_consumers(create_consumer):
 
 def stop_background_consumers(timeout=10.0):
     """Let every batch-making thread finish its batch in flight and end (at exit)."""
-    deadline = time.monotonic() + timeout
-    for consumer in list(_consumers):
+    start = time.monotonic()
+    deadline = start + timeout
+    consumers = list(_consumers)
+    _stop(consumers, deadline)
+    waited = time.monotonic() - start
+    if waited > 1.0:
+        alive = sum(c.is_alive() for c in consumers)
+        try:
+            sys.stderr.write(f"realformer_nmt: at exit, waited {waited:.1f}s for fairseq's batch threads "
+                             f"({alive} of {len(consumers)} still running)\n")
+        except (OSError, ValueError):
+            pass
+
+
+def _stop(consumers, deadline):
+    for consumer in consumers:
         consumer._max_len = 0  # its loop breaks after the next put
         while consumer.is_alive() and time.monotonic() < deadline:
             try:  # make room for that put and for the sentinel after it

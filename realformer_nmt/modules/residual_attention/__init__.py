@@ -86,16 +86,14 @@ scores where they occur).
 """
 
 from .choice import (
-    CHECKOUT_KERNEL_RULE,
     DEFAULT_CUDA_RULE,
     FUSED_MAX_TERMS,
-    KERNEL_RULE_ENV,
     KERNELS,
     PACKAGED_KERNEL_RULE,
     auto_kernel,
     cuda_kernel_rule,
     kernel_rule_source,
-    user_kernel_rule_path,
+    use_cuda_kernel_rule,
 )
 from .masks import MaskFacts
 from .module import IncrementalState, ResidualMultiheadAttention
@@ -103,12 +101,10 @@ from .sdpa_probe import bias_has_fused_backend, mask_grad_backends
 from .state import RESIDUAL_MODES, ResidualState, divisor
 
 __all__ = [
-    "CHECKOUT_KERNEL_RULE",
     "DEFAULT_CUDA_RULE",
     "FUSED_MAX_TERMS",
     "IncrementalState",
     "KERNELS",
-    "KERNEL_RULE_ENV",
     "MaskFacts",
     "PACKAGED_KERNEL_RULE",
     "RESIDUAL_MODES",
@@ -120,5 +116,5 @@ __all__ = [
     "divisor",
     "kernel_rule_source",
     "mask_grad_backends",
-    "user_kernel_rule_path",
+    "use_cuda_kernel_rule",
 ]

@@ -1,10 +1,11 @@
 """Which kernel ``auto`` runs (:func:`auto_kernel`), and the measured CUDA rule it reads
-from a file (:func:`cuda_kernel_rule`)."""
+from the package (:func:`cuda_kernel_rule`)."""
 
 import json
 import logging
 import os
 from functools import lru_cache
+from importlib import resources
 from typing import Dict, Tuple
 
 import torch
@@ -38,15 +39,16 @@ def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int, dty
 
     On CUDA: ``triton`` for every layer wherever it applies (``triton_kernel.unsupported``:
     triton installed, a GPU of compute capability 8.0 or newer, no attention dropout, half
-    precision or float32; with ``prefer_triton=False`` never). Elsewhere on CUDA, the rule
-    measured by the GPU check (``results/gpu/kernel_rule.json``, written by
-    ``python -m realformer_tools.experiments.gpu_check --steps speed`` and shipped in the
-    wheel; a user's own rule overrides it, see ``kernel_rule_source``),
-    ``{"rule": {"first_layer": K, "later_layers": K}}``.
-    Until a GPU has measured it: ``bias`` for every layer (it stores no probabilities and
-    adds no QK work; ``fused`` grows its QK work with depth). ``bias`` is replaced by
-    ``materialized`` if no fused SDPA backend of this GPU takes a float mask with a gradient
-    (then SDPA would store the probabilities anyway). The rule applied is logged once.
+    precision or float32; with ``prefer_triton=False`` never; not yet measured on a GPU).
+    Elsewhere on CUDA, the rule the project measured on a GPU, shipped in this package
+    (``kernel_rule.json`` next to this module, ``{"rule": {"first_layer": K, "later_layers":
+    K}}``; a program may set another with :func:`use_cuda_kernel_rule`). Measured on one
+    H100 (fp16, base size, T = 128 and 512; ``results/gpu/h100-2026-11-27/``): ``bias`` for
+    every layer (``materialized`` tied with it on time within that table's noise and took
+    1.37x its peak memory at T = 512). Without the file: ``bias`` for every layer. ``bias``
+    is replaced by ``materialized`` if no fused SDPA backend of this GPU takes a float mask
+    with a gradient (then SDPA would store the probabilities anyway). The rule applied is
+    logged once.
     """
     if device.type != "cuda":
         if training_dropout:
@@ -63,54 +65,67 @@ def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int, dty
 
 # Layers of a path (counted from its first) that ``auto`` runs fused on CPU (see ``auto_kernel``).
 FUSED_MAX_TERMS = 1
-KERNEL_RULE_ENV = "REALFORMER_KERNEL_RULE"
 DEFAULT_CUDA_RULE = {"first_layer": "bias", "later_layers": "bias"}
 
 
-# The project's measured rule: in a wheel, in realformer_nmt/modules/ (setup.py copies the committed
-# results/gpu/kernel_rule.json there when it builds); in a checkout, results/gpu/ itself.
-_MODULES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # realformer_nmt/modules
-PACKAGED_KERNEL_RULE = os.path.join(_MODULES, "kernel_rule.json")
-CHECKOUT_KERNEL_RULE = os.path.join(os.path.dirname(os.path.dirname(_MODULES)), "results", "gpu", "kernel_rule.json")
+# Where the CUDA rule comes from: the rule the project measured, shipped inside this package as
+# data (kernel_rule.json next to this module, read with importlib.resources, so a wheel and a
+# checkout read the same file and nothing outside the package is consulted), unless a program
+# names another with use_cuda_kernel_rule(). On the command line, --residual-attention-kernel
+# materialized|bias|fused bypasses auto altogether.
+RULE_FILE = "kernel_rule.json"
+PACKAGED_KERNEL_RULE = os.path.join(os.path.dirname(os.path.abspath(__file__)), RULE_FILE)
+_override = None  # (rule, where) set by use_cuda_kernel_rule
 
 
-def user_kernel_rule_path() -> str:
-    """The per-user rule, ``$XDG_CACHE_HOME/realformer_nmt/kernel_rule.json`` (default
-    ``~/.cache/realformer_nmt/kernel_rule.json``): where the GPU check copies what it measured."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "realformer_nmt", "kernel_rule.json")
+def use_cuda_kernel_rule(rule=None) -> None:
+    """Override the packaged CUDA rule of ``auto`` in this process: a ``kernel_rule.json``
+    path, a ``{"first_layer": K, "later_layers": K}`` dict, or None for the packaged rule
+    again. A kernel outside ``materialized``, ``fused``, ``bias`` is an error."""
+    global _override
+    if rule is None:
+        _override = None
+        return
+    if isinstance(rule, dict):
+        picked, where = dict(rule), "use_cuda_kernel_rule({...})"
+    else:
+        with open(rule, encoding="utf-8") as f:
+            record = json.load(f)
+        picked, where = dict(record.get("rule", {})), f"use_cuda_kernel_rule({rule})"
+    bad = {k: v for k, v in picked.items() if k in DEFAULT_CUDA_RULE and v not in ("materialized", "fused", "bias")}
+    if set(picked) != set(DEFAULT_CUDA_RULE) or bad:
+        raise ValueError(f"a CUDA kernel rule needs first_layer and later_layers among materialized, fused, bias; "
+                         f"got {picked}")
+    _override = (picked, where)
 
 
 def kernel_rule_source() -> Tuple[str, str]:
-    """``(path, which)`` of the CUDA rule ``auto`` reads, the first of: the file named by
-    ``REALFORMER_KERNEL_RULE`` (even if missing: then the default); the user's own rule
-    (``user_kernel_rule_path()``); the project's rule shipped in the package; a checkout's
-    ``results/gpu/kernel_rule.json``. None there: the default (``bias`` for every layer)."""
-    if os.environ.get(KERNEL_RULE_ENV):
-        return os.environ[KERNEL_RULE_ENV], KERNEL_RULE_ENV
-    for path, which in ((user_kernel_rule_path(), "the user's rule"), (PACKAGED_KERNEL_RULE, "the packaged rule"),
-                        (CHECKOUT_KERNEL_RULE, "the checkout's rule")):
-        if os.path.isfile(path):
-            return path, which
-    return PACKAGED_KERNEL_RULE, "no rule file"
+    """``(where, which)`` of the CUDA rule ``auto`` applies: the override of
+    :func:`use_cuda_kernel_rule`, else the rule shipped in this package."""
+    if _override is not None:
+        return _override[1], "set by the program"
+    return PACKAGED_KERNEL_RULE, "the packaged rule"
+
+
+def _packaged_rule_text() -> str:
+    return resources.files(__package__).joinpath(RULE_FILE).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=None)
-def _read_kernel_rule(path: str) -> Tuple[Dict[str, str], str]:
+def _read_packaged_rule() -> Tuple[Dict[str, str], str]:
     try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
+        record = json.loads(_packaged_rule_text())
     except FileNotFoundError:
-        return dict(DEFAULT_CUDA_RULE), "no measured rule (bias for every layer until the GPU check measures one)"
+        return dict(DEFAULT_CUDA_RULE), "no measured rule in the package (bias for every layer)"
     except (OSError, ValueError) as exc:
-        return dict(DEFAULT_CUDA_RULE), f"unreadable kernel rule {path} ({exc}); bias for every layer"
+        return dict(DEFAULT_CUDA_RULE), f"unreadable packaged kernel rule ({exc}); bias for every layer"
     rule = record.get("rule", {}) if isinstance(record, dict) else {}
     picked = {}
     for position in ("first_layer", "later_layers"):
         kernel = rule.get(position)
         picked[position] = kernel if kernel in ("materialized", "fused", "bias") else DEFAULT_CUDA_RULE[position]
     where = record.get("device", "a GPU") if isinstance(record, dict) else "a GPU"
-    return picked, f"rule measured on {where} ({path})"
+    return picked, f"rule measured on {where}"
 
 
 _LOGGED_RULES = set()
@@ -118,10 +133,11 @@ _LOGGED_RULES = set()
 
 def cuda_kernel_rule() -> Dict[str, str]:
     """``{"first_layer": kernel, "later_layers": kernel}`` for ``auto`` on CUDA (logged once)."""
-    path, which = kernel_rule_source()
-    rule, origin = _read_kernel_rule(path)
-    if path not in _LOGGED_RULES:
-        _LOGGED_RULES.add(path)
+    where, which = kernel_rule_source()
+    rule, origin = (dict(_override[0]), "set by the program") if _override is not None else _read_packaged_rule()
+    key = (where, tuple(sorted(rule.items())))
+    if key not in _LOGGED_RULES:
+        _LOGGED_RULES.add(key)
         logger.info("residual attention kernel 'auto' on CUDA: first layer of a path %s, later layers %s (%s; %s)",
                     rule["first_layer"], rule["later_layers"], origin, which)
     return rule

@@ -8,7 +8,7 @@ from fairseq import utils
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from .state import ResidualState
+from .state import ResidualState, sum_dtype
 
 
 def cache_for_scores(incremental_state):
@@ -41,8 +41,9 @@ class MaterializedKernel:
             need_weights=False, static_kv=static_kv, attn_mask=None, before_softmax=True,
         )
         src_len = logits.size(-1)
-        # The running sum is kept in float32: 48 layers of fp16 logits can overflow.
-        scores = logits.view(bsz, self.num_heads, tgt_len, src_len).float()
+        # The running sum is kept in float32 (float64 in a float64 model): 48 layers of fp16
+        # logits can overflow.
+        scores = logits.view(bsz, self.num_heads, tgt_len, src_len).to(sum_dtype(logits.dtype))
         terms = 1
         own = scores.clone() if self.need_own_weights else None  # before the residual is added in place
         if prev_state is not None:
@@ -69,7 +70,7 @@ class MaterializedKernel:
 
     def _masked_softmax(self, scores: Tensor, key_padding_mask: Optional[Tensor],
                         attn_mask: Optional[Tensor], divisor: float) -> Tensor:
-        """softmax(mask(A_n / c_n)) in float32. Padded keys get the most negative
+        """softmax(mask(A_n / c_n)) in float32 (float64 in a float64 model). Padded keys get the most negative
         finite value, so a row with every key padded is uniform, not NaN."""
         # ``scores`` is passed on unmasked: the first op makes a copy, later ones work in it
         logits = scores
@@ -82,6 +83,8 @@ class MaterializedKernel:
             pad = key_padding_mask.to(torch.bool)[:, None, None, :]
             fill = logits.masked_fill if logits is scores else logits.masked_fill_
             logits = fill(pad, torch.finfo(logits.dtype).min)
+        if logits.dtype == torch.float64:  # fairseq's softmax is float32; a float64 model stays float64
+            return torch.softmax(logits, dim=-1)
         return utils.softmax(logits, dim=-1, onnx_trace=self.onnx_trace)
 
     def _attend(self, probs: Tensor, v: Tensor, tgt_len: int, bsz: int) -> Tensor:

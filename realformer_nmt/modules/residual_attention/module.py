@@ -1,8 +1,10 @@
 """``ResidualMultiheadAttention``: fairseq's ``MultiheadAttention`` that takes the previous
 layer's :class:`ResidualState` and returns its own, running the kernel chosen per call."""
 
+import logging
 from typing import Dict, Optional, Tuple
 
+import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
@@ -17,6 +19,8 @@ from .state import RESIDUAL_MODES, ResidualState, divisor
 from .triton_kernel import TritonKernel, log_fallback_once, unsupported
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+logger = logging.getLogger(__name__)
 
 
 def new_keys_padding(key_padding_mask: Optional[Tensor], query: Tensor, key: Optional[Tensor],
@@ -142,9 +146,15 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
 
     def kernel_for(self, query: Tensor, key: Optional[Tensor], incremental_state, need_weights: bool,
                    prev_state: Optional[ResidualState]) -> str:
-        """The kernel this call runs (``materialized``, ``fused``, ``bias`` or ``triton``). Where
-        ``triton`` is asked for but does not apply (``triton_kernel.unsupported``), what
-        ``auto`` would run without it, said once."""
+        """The kernel this call runs (``materialized``, ``fused``, ``bias`` or ``triton``), logged
+        once per kind of path, position and choice. Where ``triton`` is asked for but does not
+        apply (``triton_kernel.unsupported``), what ``auto`` would run without it, said once."""
+        kernel = self._choose_kernel(query, incremental_state, need_weights, prev_state)
+        _log_kernel_once(self, query.device, kernel, first=prev_state is None,
+                         cached=incremental_state is not None or need_weights)
+        return kernel
+
+    def _choose_kernel(self, query, incremental_state, need_weights, prev_state) -> str:
         if incremental_state is not None or need_weights:
             return "materialized"  # one row per step / weights wanted: T x S exists anyway
         kernel = self.kernel
@@ -189,3 +199,23 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
         """``[B, H, T, D]`` -> ``[T, B, H * D]`` -> ``out_proj``."""
         attn = attn.reshape(bsz, self.num_heads, tgt_len, self.head_dim).permute(2, 0, 1, 3)
         return self.out_proj(attn.reshape(tgt_len, bsz, self.embed_dim))
+
+
+_LOGGED_KERNELS = set()
+
+
+def _log_kernel_once(module, device, kernel, first, cached):
+    """One INFO line the first time a kind of path (self / cross attention) runs a kernel
+    at a position (its first layer, a later one) on a device: which kernel ran, and what
+    was asked (``--residual-attention-kernel``)."""
+    if torch.compiler.is_compiling():  # eager calls log it; a traced graph must not break on it
+        return
+    kind = "cross-attention" if module.encoder_decoder_attention else "self-attention"
+    key = (device.type, module.kernel, kernel, kind, first, cached)
+    if key in _LOGGED_KERNELS:
+        return
+    _LOGGED_KERNELS.add(key)
+    why = " (cached decoding or attention weights asked for)" if cached else ""
+    logger.info("residual attention: --residual-attention-kernel %s ran %s for the %s layer of a %s path on %s%s "
+                "(logged once)", module.kernel, kernel, "first" if first else "a later", kind, device.type, why)
+

@@ -8,6 +8,13 @@ from torch import Tensor
 RESIDUAL_MODES = ("sum", "mean")
 
 
+def sum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The running sum's dtype for inputs of ``dtype``: float32, or float64 for a float64
+    model (48 layers of fp16 logits can overflow; a float64 model stays float64, so that
+    the kernels can be checked against each other in float64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def divisor(mode: str, terms: int) -> float:
     """``c_n`` of ``softmax(mask(A_n / c_n))``: 1 in ``sum`` mode, ``n`` (the number of
     layers whose scores are in ``A_n``) in ``mean`` mode. The undivided ``A_n`` is what a
@@ -20,7 +27,7 @@ class ResidualState(NamedTuple):
 
     The running sum is ``A_n = scores + sum_i queries[i] @ keys[i]^T``:
 
-    * ``scores``: a ``[B, H, T, S]`` float32 part of it, or None (materialized: all of
+    * ``scores``: a ``[B, H, T, S]`` float32 (float64 model: float64) part of it, or None (materialized: all of
       ``A_n``; bias: ``A_{n-1}``; in cached decoding only the current step's rows, ``T = 1``);
     * ``queries``, ``keys``: terms not yet multiplied out, the projected queries (scaled by
       ``1/sqrt(d)``) and keys of layers, one ``[B, H, T, d]`` / ``[B, H, S, d]`` tensor per
@@ -46,7 +53,8 @@ class ResidualState(NamedTuple):
         return self.scores is None
 
     def running_sum(self) -> Tensor:
-        """``A_n`` as a float32 ``[B, H, T, S]`` tensor, whichever kernel produced it (also
+        """``A_n`` as a float32 ``[B, H, T, S]`` tensor (float64 for a float64 model:
+        :func:`sum_dtype`), whichever kernel produced it (also
         under autocast, which would otherwise run these products in half precision). The
         products are :class:`ScoresInFloat32`'s: no float32 copy of a query or key is kept."""
         device = (self.scores if self.scores is not None else self.queries[0]).device
@@ -65,7 +73,8 @@ def _batched(x: Tensor) -> Tensor:
 
 
 class ScoresInFloat32(torch.autograd.Function):
-    """``total + q k^T`` (``total`` None: ``q k^T``) as a float32 ``[B, H, T, S]`` tensor,
+    """``total + q k^T`` (``total`` None: ``q k^T``) as a float32 ``[B, H, T, S]`` tensor
+    (float64 for float64 inputs: :func:`sum_dtype`),
     from ``q`` ``[B, H, T, d]`` and ``k`` ``[B, H, S, d]`` in their own dtype, keeping only
     ``q`` and ``k`` themselves for backward (autograd of a product of float32 copies keeps
     the copies: per layer, two float32 tensors the size of q and k, until backward).
@@ -90,7 +99,8 @@ class ScoresInFloat32(torch.autograd.Function):
             except (TypeError, RuntimeError, NotImplementedError):  # a torch without out_dtype
                 out = None
         if out is None:
-            out = torch.bmm(q3.float(), kt.float()) if t3 is None else torch.baddbmm(t3, q3.float(), kt.float())
+            wide = sum_dtype(q.dtype)
+            out = torch.bmm(q3.to(wide), kt.to(wide)) if t3 is None else torch.baddbmm(t3, q3.to(wide), kt.to(wide))
         return out.view(shape)
 
     @staticmethod
@@ -99,7 +109,7 @@ class ScoresInFloat32(torch.autograd.Function):
         g3 = _batched(grad)
         grad_q = grad_k = None
         if ctx.needs_input_grad[1]:
-            grad_q = torch.bmm(g3, _batched(k).float()).to(q.dtype).view(q.shape)
+            grad_q = torch.bmm(g3, _batched(k).to(g3.dtype)).to(q.dtype).view(q.shape)
         if ctx.needs_input_grad[2]:
-            grad_k = torch.bmm(g3.transpose(1, 2), _batched(q).float()).to(k.dtype).view(k.shape)
+            grad_k = torch.bmm(g3.transpose(1, 2), _batched(q).to(g3.dtype)).to(k.dtype).view(k.shape)
         return (grad if ctx.needs_input_grad[0] else None), grad_q, grad_k

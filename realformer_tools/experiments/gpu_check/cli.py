@@ -37,6 +37,13 @@ def parse_args(argv=None):
                    help=f"comma list of precisions the train step runs (default: {', '.join(PRECISIONS)})")
     p.add_argument("--jobs", type=int, default=None,
                    help="fairseq-train runs at a time in the train step (default: 4 on CUDA, 2 dry)")
+    p.add_argument("--seeds", default=None,
+                   help="comma list of seeds the train step runs fp32 / fp16 / bf16 with, for the precision "
+                        "judgement over seeds (default: 1,2,3; dry run 1,2)")
+    p.add_argument("--rejudge", metavar="FILE", default=None,
+                   help="judge a committed quick.json again by today's yardsticks (no GPU needed): writes "
+                        "rejudged.json and rejudged.md next to it (or into --out); float64-diag.md, "
+                        "speed_float16.json and logs/ beside it are used where present")
     args = p.parse_args(argv)
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     unknown = [s for s in steps if s not in STEPS]
@@ -45,6 +52,13 @@ def parse_args(argv=None):
     if args.jobs is not None and args.jobs < 1:
         p.error("--jobs must be at least 1")
     args.steps = steps
+    if args.seeds is not None:
+        try:
+            args.seeds = [int(w) for w in args.seeds.split(",") if w.strip()]
+        except ValueError:
+            p.error(f"--seeds: {args.seeds!r} is not a comma list of integers")
+        if not args.seeds:
+            p.error("--seeds: empty")
     for flag, choices in (("kernels", KERNELS), ("precisions", tuple(PRECISIONS))):
         value = getattr(args, flag)
         if value is not None:
@@ -58,10 +72,23 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.rejudge:
+        from .rejudge import rejudge
+
+        if not os.path.isfile(args.rejudge):
+            print(f"gpu_check: error: --rejudge: {args.rejudge} does not exist", file=sys.stderr)
+            return 2
+        try:
+            record, path = rejudge(args.rejudge, args.out)
+        except ValueError as exc:
+            print(f"gpu_check: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"rejudged: {record['rejudged']['original_status']} -> {record['status']} ({os.path.relpath(path)})")
+        return 1 if record["status"] == "failed" else 0
     install_fairseq_fixes()  # the ddp step loads checkpoints in this process
     try:
         ctx = GpuCheck(args.out, args.work, args.dry_run, args.jobs, args.force,
-                       kernels=args.kernels, precisions=args.precisions)
+                       kernels=args.kernels, precisions=args.precisions, seeds=args.seeds)
         if args.quick:
             record = ctx.run_quick()
         else:

@@ -19,7 +19,7 @@ from .ddp_step import DdpStep
 from .quick import QuickCheck
 from .records import rel, step_status
 from .report import quick_markdown, summary_markdown
-from .settings import DEFAULT_OUT, DRY, DRY_RUN_OUT, PRECISIONS, REAL, REPO, STEPS
+from .settings import DEFAULT_OUT, DRY, DRY_RUN_OUT, DRY_SEEDS, FULL_SEEDS, PRECISIONS, REAL, REPO, STEPS
 from .speed_step import SpeedStep
 from .tests_step import TestsStep
 from .train_step import TrainStep
@@ -27,7 +27,7 @@ from .train_step import TrainStep
 
 class GpuCheck(TestsStep, TrainStep, DdpStep, SpeedStep, QuickCheck):
     def __init__(self, out=None, work=None, dry_run=False, jobs=None, force=False, log=None,
-                 kernels=None, precisions=None):
+                 kernels=None, precisions=None, seeds=None):
         self.dry_run = dry_run
         self.out = rel(out or (DRY_RUN_OUT if dry_run else DEFAULT_OUT))
         if dry_run and os.path.abspath(self.out) == os.path.abspath(os.path.join(REPO, DEFAULT_OUT)):
@@ -45,6 +45,7 @@ class GpuCheck(TestsStep, TrainStep, DdpStep, SpeedStep, QuickCheck):
         self._lock = threading.Lock()
         self.kernels = list(kernels or KERNELS)
         self.precisions = list(precisions or PRECISIONS)
+        self.seeds = list(seeds or (DRY_SEEDS if dry_run else FULL_SEEDS))
         os.makedirs(self.out, exist_ok=True)
         os.makedirs(self.work, exist_ok=True)
 
@@ -105,12 +106,15 @@ class GpuCheck(TestsStep, TrainStep, DdpStep, SpeedStep, QuickCheck):
             return "tests/test_gpu.py on " + (f"{where} (its CUDA cases skipped)" if self.dry_run else where)
         if part == "exactness":
             d = quick.exact
-            return (f"float32 on {where}: {d['layers']}+{d['layers']} layers, d = {d['embed']}, every kernel against "
-                    "materialized (sum and mean); one bias layer's mask gradient and SDPA backend")
+            return (f"{d['layers']}+{d['layers']} layers, d = {d['embed']}, on {where}: every kernel against "
+                    "materialized in float64; in float32 against a float64 reference beside materialized's and "
+                    "fairseq's own attention's distance (peaked sum and mean, plain, plain gelu); float16 / bfloat16 "
+                    "distances; one bias layer's mask gradient and SDPA backend")
         if part == "train":
             trained = [c["name"] for c in checks if "/" in c["name"] and c["status"] != "skipped"]
+            evaluated = "; fp32 checkpoints evaluated in fp16 and bf16" if quick is not None else ""
             return (f"fairseq-train, {sizes.train_updates} updates on {where}: {', '.join(trained) or 'none'}; "
-                    f"decoded with fairseq-generate {'--cpu' if self.dry_run else '--fp16'}")
+                    f"decoded with fairseq-generate {'--cpu' if self.dry_run else '--fp16'}{evaluated}")
         if part == "ddp":
             ran = [c for c in checks if c.get("backend")]
             precision = ran[0]["precision"] if ran else ("fp32" if self.dry_run else "fp16")

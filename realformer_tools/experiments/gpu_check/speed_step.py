@@ -1,12 +1,14 @@
-"""The ``speed`` step: ``scripts/benchmark_kernels.py`` (the kernel rule ``auto`` applies
-on CUDA, copied to the user's rule) and ``scripts/benchmark_speed.py`` per dtype."""
+"""The ``speed`` step: ``scripts/benchmark_kernels.py`` (a kernel rule for ``auto`` on
+CUDA, ``<out>/kernel_rule.json``: ``auto`` applies the one shipped in the package, so a
+measured rule takes effect when it is committed there, or given to
+``use_cuda_kernel_rule``) and ``scripts/benchmark_speed.py`` per dtype."""
 
 import os
-import shutil
 import subprocess
 import sys
+import threading
 
-from realformer_nmt.modules.residual_attention import user_kernel_rule_path
+from realformer_nmt.modules.residual_attention import PACKAGED_KERNEL_RULE
 
 from .records import check, portable, rel
 from .settings import REPO
@@ -22,8 +24,8 @@ class SpeedStep:
         return os.path.join(self.out, "kernel_rule.json")
 
     def step_speed(self):
-        """The kernel benchmark first: with ``--out results/gpu`` its ``kernel_rule.json`` is
-        the rule ``auto`` applies on CUDA, so the speed benchmark's ``auto`` runs it."""
+        """The kernel benchmark (a rule for ``auto``), then the speed benchmark per dtype
+        (its ``auto`` runs the packaged rule, which its log names)."""
         device = ["--device", self.device]
         cmd = [sys.executable, rel(os.path.join(REPO, "scripts", "benchmark_kernels.py")), *device,
                "--dtype", "float16", *self.sizes.kernel_args,
@@ -53,26 +55,32 @@ class SpeedStep:
                 checks.append(check(name, "passed", None, command=portable(cmd), result=rel(result_path),
                                     log=rel(log_path)))
         if not self.dry_run and os.path.isfile(self.rule_path()):
-            # the user's own rule: what `auto` reads on this machine, installed wheel or checkout
-            user_rule = user_kernel_rule_path()
-            os.makedirs(os.path.dirname(user_rule), exist_ok=True)
-            shutil.copyfile(self.rule_path(), user_rule)
-            self.log(f"speed: kernel rule copied to {user_rule} ('auto' reads it on CUDA)")
+            self.log(f"speed: kernel rule measured: {self.rule_path()}; auto applies the packaged rule "
+                     f"({rel(PACKAGED_KERNEL_RULE)}): to ship this one, commit it there")
         if not self.dry_run or not checks:
             return checks
         checks.append(check("peak CUDA memory", "skipped", "torch.cuda.max_memory_allocated needs CUDA (dry run)"))
         return checks
 
-    def run_echoed(self, cmd, log_path, label, env):
-        """Run ``cmd``, its output to ``log_path`` and, line by line, to the log (progress)."""
+    def run_echoed(self, cmd, log_path, label, env, timeout=None):
+        """Run ``cmd``, its output to ``log_path`` and, line by line, to the log (progress);
+        with ``timeout`` (seconds) it is killed then (returncode -9)."""
         lines = []
         with open(log_path, "w", encoding="utf-8", buffering=1) as out:
             proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, encoding="utf-8", errors="replace", env=env)
-            for line in proc.stdout:
-                out.write(line)
-                lines.append(line.rstrip("\n"))
-                if " | INFO | " not in line:  # fairseq's import-time chatter
-                    self.log(label + lines[-1])
-            proc.wait()
+            timer = threading.Timer(timeout, proc.kill) if timeout is not None else None
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            try:
+                for line in proc.stdout:
+                    out.write(line)
+                    lines.append(line.rstrip("\n"))
+                    if " | INFO | " not in line:  # fairseq's import-time chatter
+                        self.log(label + lines[-1])
+            finally:
+                proc.wait()
+                if timer is not None:
+                    timer.cancel()
         return proc.returncode, lines

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import subprocess
+import time
 
 from .. import fairseq_runs
 from .records import _clear_run, check, portable, rel
@@ -30,7 +31,7 @@ class TrainStep:
         with open(os.path.join(s.data, "prepare.json"), encoding="utf-8") as f:
             return json.load(f)
 
-    def train_command(self, save_dir, precision, kernel, updates, extra=()):
+    def train_command(self, save_dir, precision, kernel, updates, extra=(), seed=1):
         s = self.sizes
         arch = ["--arch", "transformer"] if kernel == "vanilla" else [
             "--arch", "realformer_transformer", "--residual-attention-kernel", kernel]
@@ -38,7 +39,7 @@ class TrainStep:
                "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt",
                "--warmup-updates", str(s.warmup_updates), "--dropout", "0.1",
                "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-               "--max-tokens", str(s.max_tokens), "--max-update", str(updates), "--seed", "1",
+               "--max-tokens", str(s.max_tokens), "--max-update", str(updates), "--seed", str(seed),
                "--log-format", "simple", "--log-interval", str(s.log_interval), "--no-epoch-checkpoints",
                "--save-dir", save_dir, *PRECISIONS[precision][0], *extra]
         if self.dry_run:
@@ -53,28 +54,38 @@ class TrainStep:
             return cmd + ["--fp16"]
         return cmd + ["--cpu"] + (["--bf16"] if precision == "bf16" else [])
 
-    def train_one(self, precision, kernel, test_sentences, updates=None, group="train"):
-        name = f"{precision}/{kernel}"
+    def train_one(self, precision, kernel, test_sentences, updates=None, group="train", deadline=None, seed=1):
+        """One ``fairseq-train`` run and its decoding; with ``deadline`` (a ``time.time()``)
+        a run still going then is stopped and reported failed (run again, it resumes)."""
+        name = f"{precision}/{kernel}" + (f"/seed{seed}" if seed != 1 else "")
         updates = updates or self.sizes.train_updates
         if PRECISIONS[precision][1] and self.dry_run:
             return check(name, "skipped", f"--{precision} trains on CUDA only (dry run on CPU)",
-                         precision=precision, kernel=kernel)
-        run_dir = os.path.join(self.work, group, f"{precision}-{kernel}")
+                         precision=precision, kernel=kernel, seed=seed)
+        run_dir = os.path.join(self.work, group, f"{precision}-{kernel}" + (f"-seed{seed}" if seed != 1 else ""))
         if self.force and os.path.exists(os.path.join(run_dir, "train.json")):
             _clear_run(run_dir)
-        cmd = self.train_command(run_dir, precision, kernel, updates)
+        cmd = self.train_command(run_dir, precision, kernel, updates, seed=seed)
+        timeout = None if deadline is None else deadline - time.time()
+        if timeout is not None and timeout < 5:
+            return check(name, "failed", "not run: the section's reserved time was spent", precision=precision,
+                         kernel=kernel, seed=seed)
         try:
             record = fairseq_runs.train_resumable(cmd, run_dir, label=f"[{name}] ", log=self.log,
-                                                  max_update=updates, env=self.env())
+                                                  max_update=updates, env=self.env(), timeout=timeout)
         except fairseq_runs.RunError as exc:
-            return check(name, "failed", str(exc).splitlines()[0], precision=precision, kernel=kernel,
+            first = str(exc).splitlines()[0]
+            if deadline is not None and time.time() >= deadline - 1:
+                first = f"stopped at the section's reserved time ({first})"
+            return check(name, "failed", first, precision=precision, kernel=kernel, seed=seed,
                          log=rel(os.path.join(run_dir, "train.log")))
         lines = fairseq_runs.read_log(os.path.join(run_dir, "train.log"))
         train = [(r["update"], r["loss"]) for r in fairseq_runs.parse_log(lines)["train"]]
         valid = record["curve"][-1]["loss"] if record["curve"] else None
-        details = dict(precision=precision, kernel=kernel, updates=record["updates"], seconds=record["seconds"],
-                       train_losses=train, valid_loss=valid, command=portable(cmd),
-                       log=rel(os.path.join(run_dir, "train.log")))
+        valid_nll = record["curve"][-1].get("nll_loss") if record["curve"] else None
+        details = dict(precision=precision, kernel=kernel, seed=seed, updates=record["updates"],
+                       seconds=record["seconds"], train_losses=train, valid_loss=valid, valid_nll=valid_nll,
+                       command=portable(cmd), log=rel(os.path.join(run_dir, "train.log")))
         problems = []
         if record["status"] != "finished":
             problems.append(f"diverged: {record['reason']}")
@@ -85,20 +96,25 @@ class TrainStep:
             problems.append("a non-finite or missing loss")
         elif len(train) < 2 or not train[-1][1] < train[0][1]:
             problems.append(f"training loss not falling: {[round(x, 3) for _, x in train]}")
-        details["generate"] = self.generate_one(run_dir, precision, test_sentences, name)
+        details["generate"] = self.generate_one(run_dir, precision, test_sentences, name, deadline=deadline)
         if details["generate"]["status"] != "passed":
             problems.append(f"decoding: {details['generate']['reason']}")
         return check(name, "failed" if problems else "passed", "; ".join(problems) or None, **details)
 
-    def generate_one(self, run_dir, precision, test_sentences, name):
+    def generate_one(self, run_dir, precision, test_sentences, name, deadline=None):
         cached = os.path.join(run_dir, "generate.json")
         if not self.force and fairseq_runs.read_json(cached) is not None:
             return fairseq_runs.read_json(cached)
         cmd = self.generate_command(run_dir, precision)
         out_path = os.path.join(run_dir, "generate.txt")
+        timeout = None if deadline is None else max(1.0, deadline - time.time())
         with open(out_path, "w", encoding="utf-8") as out:
-            code = subprocess.run([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT,
-                                  env=self.env()).returncode
+            try:
+                code = subprocess.run([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT,
+                                      env=self.env(), timeout=timeout).returncode
+            except subprocess.TimeoutExpired:
+                return dict(command=portable(cmd), status="failed", output=rel(out_path),
+                            reason="stopped at the section's reserved time")
         lines = fairseq_runs.read_log(out_path)
         hyps = fairseq_runs.parse_generate_output(lines)
         bleu = [line.split(" | ")[-1] for line in lines if "Generate test with beam=" in line]
@@ -117,9 +133,19 @@ class TrainStep:
         return result
 
     def step_train(self):
+        """Every precision x kernel (seed 1); for the precision judgement also vanilla and
+        further seeds of fp32 / fp16 / bf16 (``--seeds``): each kernel's gap to fp32 against
+        vanilla's over the seeds (``precision.seed_gap_checks``)."""
+        from .precision import seed_gap_checks
+
         summary = self.ensure_data()
         sentences = summary["counts"]["test"]
-        jobs = [(p, k) for p in self.precisions for k in self.kernels]
+        kernels = ["vanilla"] + [k for k in self.kernels if k != "vanilla"]
+        gap_precisions = [p for p in self.precisions if p in ("fp32", "fp16", "bf16")]
+        jobs = [(p, k, 1) for p in self.precisions for k in kernels
+                if k != "vanilla" or p in gap_precisions]
+        if "fp32" in gap_precisions and len(gap_precisions) > 1:
+            jobs += [(p, k, seed) for seed in self.seeds if seed != 1 for p in gap_precisions for k in kernels]
         with concurrent.futures.ThreadPoolExecutor(self.jobs) as pool:
-            checks = list(pool.map(lambda job: self.train_one(*job, sentences), jobs))
-        return checks
+            checks = list(pool.map(lambda job: self.train_one(job[0], job[1], sentences, seed=job[2]), jobs))
+        return checks + seed_gap_checks(checks, judged=not self.dry_run)
