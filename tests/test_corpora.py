@@ -189,8 +189,11 @@ def test_prepare_small_synthetic(tmp_path):
 
 
 def _run_script(*args):
+    """prepare_data.py as a user runs it: the suite's data-fixes switch (whose announcement is a
+    log line of its own) is not part of the command's output under test."""
+    env = dict(os.environ, REALFORMER_NMT_DATA_FIXES="0")
     return subprocess.run([sys.executable, os.path.join(REPO, "scripts", "prepare_data.py"), *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+                          capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
 
 
 def test_prepare_data_cli_bad_raw_dir_is_one_line(tmp_path):
