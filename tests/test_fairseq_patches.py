@@ -149,3 +149,14 @@ def test_a_program_that_configured_logging_keeps_it():
     proc = subprocess.run([sys.executable, "-c", fairseq_cli], capture_output=True, text=True, timeout=300)
     assert proc.stdout.strip().splitlines()[-1] == "imported", proc.stdout + proc.stderr
     assert "Please install tensorboardX" not in proc.stdout + proc.stderr
+
+
+def test_the_data_fixes_announce_themselves_in_fairseq_commands_only():
+    """The data-fixes line is said in the fairseq command whose data it changes, not by a
+    tool of ours that only imports the plugin (whose one-line errors stay one line)."""
+    from realformer_tools import fairseq_fixes
+
+    for program in ("/venv/bin/fairseq-train", "fairseq-generate", "/x/site-packages/fairseq_cli/train.py"):
+        assert fairseq_fixes._in_a_fairseq_command(program), program
+    for program in ("scripts/prepare_data.py", "/venv/bin/realformer-export-hf", "-c", ""):
+        assert not fairseq_fixes._in_a_fairseq_command(program), program

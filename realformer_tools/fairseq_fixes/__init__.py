@@ -42,6 +42,7 @@ FIXES: ``REALFORMER_NMT_FAIRSEQ_FIXES=1``; DATA: ``REALFORMER_NMT_DATA_FIXES=1``
 import logging
 import multiprocessing
 import os
+import sys
 
 from realformer_nmt import fairseq_fixes_switch
 from realformer_nmt.errors import install_excepthook
@@ -110,10 +111,19 @@ def install_data_fixes():
         patch.install()
     # once per run: not again in the ranks (or DataLoader workers) multiprocessing starts from
     # this process, nor in torchrun's ranks other than 0
-    if not _announced and multiprocessing.parent_process() is None and os.environ.get("RANK", "0") in ("", "0"):
+    # and only in a fairseq command (fairseq-train, -generate, ..., python -m fairseq_cli.*), whose
+    # data it changes: a tool of ours that merely imports the plugin (prepare_data.py, export_hf.py)
+    # keeps its output (a one-line error stays one line)
+    if not _announced and multiprocessing.parent_process() is None and os.environ.get("RANK", "0") in ("", "0") \
+            and _in_a_fairseq_command():
         _announced = True
         logger.info("%s=1: fairseq's data handling fixed (every sentence batched, masks redrawn each epoch with "
                     "DataLoader workers): numbers differ from fairseq alone (docs/reliability.md)", SWITCH)
+
+
+def _in_a_fairseq_command(argv0=None) -> bool:
+    program = os.path.normpath(argv0 if argv0 is not None else (sys.argv[0] if sys.argv else ""))
+    return os.path.basename(program).startswith("fairseq") or "fairseq_cli" in program.split(os.sep)
 
 
 def install_all(data_fixes=None):
