@@ -3,6 +3,7 @@
 import random
 import subprocess
 
+import torch
 from conftest import BIN, cli_env
 
 TINY_FLAGS = (
@@ -45,3 +46,12 @@ def binarize(raw, dest):
         "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
         "--destdir", dest, "--workers", "1", "--joined-dictionary",
     )
+
+
+def load_checkpoint(path):
+    """torch.load of a checkpoint these tests wrote: weights-only, with fairseq's own types
+    (argparse.Namespace, omegaconf containers) allowed for this one load."""
+    from realformer_tools.fairseq_fixes.safe_checkpoint_loading import fairseq_checkpoint_types
+
+    with fairseq_checkpoint_types():
+        return torch.load(path, map_location="cpu")

@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
-from cli_helpers import write_reversal_corpus
+from cli_helpers import load_checkpoint, write_reversal_corpus
 from conftest import BIN, cli_env
 from fairseq import options
 from fairseq_cli import generate, interactive, preprocess, train
@@ -173,7 +173,7 @@ def hypothesis_lines(text):
 def as_vanilla_transformer(checkpoint, dest):
     """Write ``checkpoint`` (a ``realformer_transformer``) as a ``transformer`` checkpoint:
     same weights and settings, model name changed, the RealFormer flags removed."""
-    state = torch.load(checkpoint)
+    state = load_checkpoint(checkpoint)
     model_cfg = state["cfg"]["model"]
     model_cfg.arch = model_cfg._name = "transformer"
     for key in [k for k in vars(model_cfg) if k.startswith("residual_attention")]:

@@ -1,8 +1,7 @@
 """Through fairseq's real command-line tools: preprocess -> train -> generate."""
 
 import pytest
-import torch
-from cli_helpers import TINY_FLAGS, run
+from cli_helpers import TINY_FLAGS, load_checkpoint, run
 from conftest import USER_DIR
 
 
@@ -11,7 +10,7 @@ def test_train_writes_checkpoints_with_residual_settings(trained):
     assert "RealFormerTransformerModel" in proc.stderr + proc.stdout
     ckpt = save / "checkpoint_last.pt"
     assert ckpt.exists() and (save / "checkpoint_best.pt").exists()
-    state = torch.load(ckpt)  # weights_only: works because the plugin allow-lists fairseq's types
+    state = load_checkpoint(ckpt)
     model_cfg = state["cfg"]["model"]
     assert model_cfg.residual_attention_paths == "encoder,decoder,cross"
     assert model_cfg.residual_attention_mode == "mean"
@@ -86,8 +85,8 @@ def test_finetune_realformer_from_vanilla_transformer_checkpoint(data_bin, tmp_p
     )
     log = proc.stdout + proc.stderr
     assert "loading pretrained model from" in log
-    vanilla_state = torch.load(vanilla / "checkpoint_last.pt")["model"]
-    warm_state = torch.load(warm / "checkpoint_last.pt")["model"]
+    vanilla_state = load_checkpoint(vanilla / "checkpoint_last.pt")["model"]
+    warm_state = load_checkpoint(warm / "checkpoint_last.pt")["model"]
     assert set(vanilla_state) == set(warm_state)
     # the warm start began from the vanilla weights: 5 Adam steps of lr 1e-3 move a weight
     # by at most ~5e-3 (an Adam step is about lr per weight), while another seed's

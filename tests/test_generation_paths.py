@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import sacrebleu
 import torch
-from cli_helpers import TINY_FLAGS
+from cli_helpers import TINY_FLAGS, load_checkpoint
 from conftest import USER_DIR, trains
 from generation_helpers import (
     as_vanilla_transformer,
@@ -166,7 +166,7 @@ def test_eval_bleu_during_training_equals_sacrebleu_on_generate_output(corpus, c
     """The BLEU that fairseq-train's validation reports (--eval-bleu, detok space, BPE
     removed) is sacreBLEU of fairseq-generate's de-BPE'd output against the raw references."""
     assert re.search(r"\| valid \| .*\| bleu [\d.]+", checkpoint.log), checkpoint.log[-2000:]
-    state = torch.load(checkpoint.path)
+    state = load_checkpoint(checkpoint.path)
     assert state["optimizer_history"][-1]["num_updates"] == 120
     train_bleu = state["extra_state"]["val_loss"]  # the value of --best-checkpoint-metric bleu
     sents = generate(corpus, checkpoint.path, "--beam", "3", "--remove-bpe", subset="valid")
@@ -376,7 +376,7 @@ ONE_EPOCH = ["--max-epoch", "1", "--max-tokens", "400", *EVAL_BLEU]
 def train_in_process(corpus, save, *extra, data=None):
     in_process("train", [data or corpus.bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
                          *TINY_FLAGS, "--num-workers", "0", "--save-dir", save, *extra])
-    return torch.load(save / "checkpoint_last.pt")
+    return load_checkpoint(save / "checkpoint_last.pt")
 
 
 @pytest.fixture(scope="module")

@@ -107,7 +107,7 @@ def test_quick_train_speed_and_ddp_in_the_dry_run(quick):
     assert bias["status"] == "passed"  # judged on the CPU too: the same casts of a toy model
     assert bias["tokens"] > 0 and bias["fp32_nll"] > 0
     table = next(c["table"] for c in sections["speed"]["checks"] if c.get("table"))
-    assert {r["variant"] for r in table} == {"vanilla", "materialized", "fused", "bias", "auto"}
+    assert {r["variant"] for r in table} == {"vanilla", "materialized", "fused", "bias", "triton", "auto"}
     assert all(r["rounds"] >= gpu_check.SPEED_MIN_ALTERNATIONS for r in table)
     assert all(r["train_speed_low"] <= r["train_speed_ratio"] <= r["train_speed_high"] for r in table)
     ddp = {c["name"]: c for c in sections["ddp"]["checks"]}
