@@ -376,6 +376,20 @@ def test_speed_targets_are_judged_on_the_median_of_at_least_seven_rounds():
     assert memory["status"] == "failed"
 
 
+def test_triton_is_judged_on_its_own_stricter_targets():
+    """``triton`` beside ``bias``: its row judges >= 0.95x speed and <= 1.00x memory at T = 512
+    (bias's there: 0.90x / 1.15x), so 0.92x and 1.05x pass bias's target and fail triton's."""
+    from realformer_tools.experiments.gpu_check.quick import speed_checks
+
+    result = _speed_config(512, 7, 1.0, lambda n: [1 / 0.92] * n, memory=1.05)
+    variants = result["configs"][0]["variants"]
+    variants["triton"] = dict(variants["bias"])
+    checks = {c["variant"]: c for c in speed_checks(result, "cmd", dry_run=False)[1:]}
+    assert checks["bias"]["status"] == "passed" and checks["bias"]["min_speed"] == 0.90
+    assert checks["triton"]["status"] == "failed"
+    assert (checks["triton"]["min_speed"], checks["triton"]["max_memory"]) == gpu_check.TRITON_SPEED_TARGETS[512]
+
+
 def test_gpu_tests_have_a_time_limit_each():
     """tests/conftest.py: a ``gpu`` test past its limit fails with one line (issue 51: one
     ran for minutes and the suite never ended)."""
@@ -526,8 +540,9 @@ def test_gpu_md_states_the_targets_the_check_applies_and_runnable_commands():
     import shlex
 
     text = (REPO / "docs" / "gpu.md").read_text()
-    for length, (speed, memory) in gpu_check.SPEED_TARGETS.items():
-        assert f"**>= {speed:.2f}x**" in text and f"**<= {memory:.2f}x**" in text and f"T = {length}" in text
+    for targets in (gpu_check.SPEED_TARGETS, gpu_check.TRITON_SPEED_TARGETS):
+        for length, (speed, memory) in targets.items():
+            assert f"**>= {speed:.2f}x**" in text and f"**<= {memory:.2f}x**" in text and f"T = {length}" in text
     assert f"relative error of {exactness.RELATIVE_TOLERANCE:.0e}".replace("e-04", "e-4") in text
     # the yardsticks the code judges by (issue 51), each stated with its number
     assert f"**{exactness.YARDSTICK_FACTOR:g}x the larger** yardstick **+ {exactness.YARDSTICK_SLACK:g}**" in text

@@ -81,9 +81,11 @@ from .settings import (
     STEP_SECONDS,
     STEPS,
     TESTS_SECONDS,
+    TRITON_SPEED_TARGETS,
 )
 
 __all__ = ["DDP_BACKENDS", "DDP_MARGIN_SECONDS", "DRY", "FP16_LOSS_TOLERANCE", "QUICK_DRY", "QUICK_DRY_KERNELS",
            "QUICK_KERNELS", "QUICK_REAL", "QUICK_SECONDS", "QUICK_SECTIONS", "REAL", "SPEED_MIN_ALTERNATIONS",
-           "SPEED_TARGETS", "STEP_SECONDS", "STEPS", "TESTS_SECONDS", "GpuCheck", "check", "main", "parse_args",
+           "SPEED_TARGETS", "TRITON_SPEED_TARGETS",
+           "STEP_SECONDS", "STEPS", "TESTS_SECONDS", "GpuCheck", "check", "main", "parse_args",
            "quick_markdown", "step_status"]
