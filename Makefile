@@ -1,6 +1,6 @@
 # One-command entry points; each does its own set-up into ./.venv.
 #   make demo        train a small RealFormer on an embedded corpus, translate, print sacreBLEU
-#   make test        the test suite
+#   make test        the test suite, on two workers (pytest-xdist; PYTEST_WORKERS=0: in one process)
 #   make test-fast   the tests that start no training process (-m "not slow"), for the edit-test loop
 #   make lint        ruff (ruff.toml: pyflakes, pycodestyle, bugbear, isort); CI runs it before the tests
 #   make gpu-check   everything a GPU must prove (docs/gpu.md): GPU_CHECK_ARGS=--quick first (~7 min),
@@ -20,6 +20,10 @@ else
 PY_SETUP := setup
 endif
 WHEELS ?= .whl
+# the suite runs its test files on this many processes (CI: 2 cores); a file's tests share one
+# process, so its module fixtures (trained models) are built once
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 # the GPU machine's Python (see docs/gpu.md); pip matches each manylinux tag exactly
 GPU_PYTHON ?= 3.12
 WHEEL_TARGET := --python-version $(GPU_PYTHON) --implementation cp --only-binary=:all: \
@@ -47,10 +51,10 @@ demo: setup
 	$(PY) scripts/run_demo.py $(DEMO_ARGS)
 
 test: setup
-	$(PY) -m pytest tests -q $(TEST_ARGS)
+	$(PY) -m pytest tests -q $(XDIST) $(TEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest tests -q -m "not slow" $(TEST_ARGS)
+	$(PY) -m pytest tests -q -m "not slow" $(XDIST) $(TEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check .

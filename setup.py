@@ -65,7 +65,7 @@ setup(
     # (CPU or a CUDA build). Install torch first; see README.
     install_requires=["fairseq-fixed==0.12.3.1"],  # the plugin's only requirement (besides torch)
     extras_require={"tools": TOOLS,
-                    "test": TOOLS + ["pytest", "ruff==0.17.6"] + HF + [
+                    "test": TOOLS + ["pytest", "pytest-xdist>=3.5", "ruff==0.17.6"] + HF + [
                         # the triton kernel's CPU tests run it in Triton's interpreter; the version the
                         # GPU image ships (its CUDA torch pins it)
                         "triton==3.6.0; platform_system == 'Linux' and platform_machine == 'x86_64'"],

@@ -532,7 +532,8 @@ def test_summary_has_a_row_per_test_set_and_their_mean(tmp_path):
     headline = [a - b for a, b in zip(s["realformer_preln"]["bleu_per_seed"], s["preln"]["bleu_per_seed"])]
     assert flickr["per_seed"] == pytest.approx([d + 0.5 * i for i, d in enumerate(headline)], abs=1e-9)
     assert coco["per_seed"] == pytest.approx([d + 0.5 for d in headline[1:]], abs=1e-9)
-    assert coco["seeds"] == [2, 3, 4, 5] and mean["seeds"] == [2, 3, 4, 5]
+    later = s["preln"]["seeds"][1:]  # every committed seed but the first, whose mscoco BLEU is None
+    assert coco["seeds"] == later and mean["seeds"] == later and len(later) >= 4
     saved = json.loads((tmp_path / "multi30k_en_de.json").read_text())["realformer_preln"]
     assert mean["per_seed"] == saved["seed_paired_vs_preln_over_test_sets"]["per_seed"]
     assert all(r["cells"][0] is None for r in rows[1:])  # Post-LN was scored on the headline only
