@@ -20,23 +20,7 @@ Only then is the fixes package imported. docs/reliability.md lists the fixes and
 them change a number fairseq computes alone.
 """
 
-import os
-
-from .errors import ConfigError, install_excepthook
-
-FIXES_SWITCH = "REALFORMER_NMT_FAIRSEQ_FIXES"
-DATA_FIXES_SWITCH = "REALFORMER_NMT_DATA_FIXES"
-_MEANING = {FIXES_SWITCH: "the fixes to fairseq installed", DATA_FIXES_SWITCH: "fairseq's data handling fixed"}
-
-
-def asked(name, environ=None) -> bool:
-    """Whether the switch ``name`` is ``1``; unset, empty or ``0`` is no. Any other value is
-    refused with one line (a switch was set, so the one-line error hook is installed first)."""
-    value = (os.environ if environ is None else environ).get(name, "").strip()
-    if value not in ("", "0", "1"):
-        install_excepthook()
-        raise ConfigError(f"{name}={value!r}: set it to 1 ({_MEANING[name]}) or 0 / leave it unset (fairseq's own)")
-    return value == "1"
+from .switches import DATA_FIXES_SWITCH, FIXES_SWITCH, asked, with_fixes  # noqa: F401  (defined there)
 
 
 def install_fairseq_fixes(data_fixes=None):
@@ -58,12 +42,3 @@ def install_asked(environ=None):
         fairseq_patches.install_always_on()
     if data_fixes:
         fairseq_patches.install_data_fixes()
-
-
-def with_fixes(env, data_fixes=False):
-    """A copy of the environment ``env`` for a child fairseq tool, with the fixes switched on
-    (and the data fixes, when ``data_fixes``)."""
-    env = dict(env, **{FIXES_SWITCH: "1"})
-    if data_fixes:
-        env[DATA_FIXES_SWITCH] = "1"
-    return env

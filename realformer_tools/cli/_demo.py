@@ -17,7 +17,7 @@ import subprocess
 import time
 
 from realformer_nmt.errors import RealFormerError
-from realformer_nmt.fairseq_fixes_switch import with_fixes
+from realformer_nmt.switches import with_fixes
 
 from ._common import user_dir
 

@@ -10,7 +10,7 @@ import threading
 import time
 
 from realformer_nmt.errors import ConfigError, RealFormerError
-from realformer_nmt.fairseq_fixes_switch import with_fixes
+from realformer_nmt.switches import with_fixes
 
 from .fairseq_logs import progress_line, stats_record
 

@@ -44,7 +44,7 @@ import multiprocessing
 import os
 import sys
 
-from realformer_nmt import fairseq_fixes_switch
+from realformer_nmt import switches
 from realformer_nmt.errors import install_excepthook
 
 from . import (
@@ -64,8 +64,8 @@ from . import (
 
 logger = logging.getLogger(__name__)
 
-SWITCH = fairseq_fixes_switch.DATA_FIXES_SWITCH
-FIXES_SWITCH = fairseq_fixes_switch.FIXES_SWITCH
+SWITCH = switches.DATA_FIXES_SWITCH
+FIXES_SWITCH = switches.FIXES_SWITCH
 
 ALWAYS_ON = (
     safe_checkpoint_loading,
@@ -88,13 +88,13 @@ _announced = False
 def data_fixes_asked(environ=None) -> bool:
     """Whether ``REALFORMER_NMT_DATA_FIXES`` asks for the data fixes: ``1`` yes; unset, empty
     or ``0`` no; anything else is refused with one line."""
-    return fairseq_fixes_switch.asked(SWITCH, environ)
+    return switches.asked(SWITCH, environ)
 
 
 def with_data_fixes(env):
     """A copy of the environment ``env`` for child fairseq commands, with the fixes to fairseq
     on, the data fixes included."""
-    return fairseq_fixes_switch.with_fixes(env, data_fixes=True)
+    return switches.with_fixes(env, data_fixes=True)
 
 
 def install_always_on():
