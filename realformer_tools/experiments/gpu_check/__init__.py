@@ -86,6 +86,5 @@ from .settings import (
 
 __all__ = ["DDP_BACKENDS", "DDP_MARGIN_SECONDS", "DRY", "FP16_LOSS_TOLERANCE", "QUICK_DRY", "QUICK_DRY_KERNELS",
            "QUICK_KERNELS", "QUICK_REAL", "QUICK_SECONDS", "QUICK_SECTIONS", "REAL", "SPEED_MIN_ALTERNATIONS",
-           "SPEED_TARGETS", "TRITON_SPEED_TARGETS",
-           "STEP_SECONDS", "STEPS", "TESTS_SECONDS", "GpuCheck", "check", "main", "parse_args",
-           "quick_markdown", "step_status"]
+           "SPEED_TARGETS", "TRITON_SPEED_TARGETS", "STEP_SECONDS", "STEPS", "TESTS_SECONDS", "GpuCheck", "check",
+           "main", "parse_args", "quick_markdown", "step_status"]

@@ -60,20 +60,19 @@ def speed_targets(speed: Optional[dict]):
 
 
 def _target_row(config: dict, variant: str, bounds) -> Optional[dict]:
+    """One judged row: ``variant`` against vanilla at ``config``'s length, ``bounds`` =
+    (least speed ratio, most memory ratio); None where ``variant`` did not run."""
     r = config["variants"].get(variant)
     if r is None:
         return None
     min_speed, max_mem = bounds
     summary = speed_summary(config, variant)
     speed_ratio, mem_ratio = summary["median"], r.get("peak_memory_ratio")
-    met = None
-    if speed_ratio is not None and mem_ratio is not None and summary["rounds"] >= SPEED_MIN_ALTERNATIONS:
-        met = speed_ratio >= min_speed and mem_ratio <= max_mem
+    median_met = None if speed_ratio is None or mem_ratio is None else speed_ratio >= min_speed and mem_ratio <= max_mem
     return dict(size=config["size"], length=config["length"], variant=variant, speed_ratio=speed_ratio,
                 speed_low=summary["low"], speed_high=summary["high"], rounds=summary["rounds"],
-                memory_ratio=mem_ratio, min_speed=min_speed, max_memory=max_mem, met=met,
-                median_met=(None if speed_ratio is None or mem_ratio is None
-                            else speed_ratio >= min_speed and mem_ratio <= max_mem))
+                memory_ratio=mem_ratio, min_speed=min_speed, max_memory=max_mem,
+                met=median_met if summary["rounds"] >= SPEED_MIN_ALTERNATIONS else None, median_met=median_met)
 
 
 def loss_targets(train: Optional[dict]):
