@@ -556,3 +556,33 @@ def test_a_study_written_beside_summary_png_redraws_it(tmp_path):
     assert (tmp_path / "summary.png").read_bytes().startswith(b"\x89PNG")
     names = {r["name"] for r in summary.summary_rows(str(tmp_path))}
     assert names == {"multi30k_en_de", "lr_limit_depth6"}
+
+
+def test_runs_trained_in_another_folder_are_reported_where_their_folder_is_now(m30k_slice, tmp_path,  # noqa: F811
+                                                                               monkeypatch):
+    """A run folder trained elsewhere (its result.json names /elsewhere/... paths) and copied
+    here is reported with paths relative to where it is now, not the folder it was trained in;
+    a run taken from a results file keeps the path that file records."""
+    recipe, out = tiny_recipe(), tmp_path / "runs"
+    for backbone in ("postln", "realformer"):
+        run_dir = out / backbone / "seed1"
+        run_dir.mkdir(parents=True)
+        trained_in = f"/elsewhere/runs/{backbone}/seed1"
+        result = dict(_fake_run(backbone, 1, None, 5.0), checkpoint=f"{trained_in}/checkpoint_best.pt",
+                      log=f"{trained_in}/train.log",
+                      command=compare.train_command(str(m30k_slice), backbone, recipe, 1, str(run_dir)))
+        (run_dir / "result.json").write_text(json.dumps(result))
+    monkeypatch.chdir(tmp_path)
+    summary = compare.compare(str(m30k_slice), str(out), recipe, backbones=("postln", "realformer"), seeds=(1,),
+                              results_path=str(tmp_path / "moved.json"), report_only=True, log=lambda m: None)
+    assert summary["postln"]["checkpoints"] == [str(out / "postln" / "seed1" / "checkpoint_best.pt")]
+    written = json.loads((tmp_path / "moved.json").read_text())
+    assert written["realformer"]["checkpoints"] == ["runs/realformer/seed1/checkpoint_best.pt"]
+    assert written["realformer"]["logs"] == ["runs/realformer/seed1/train.log"]
+    assert "/elsewhere" not in (tmp_path / "moved.json").read_text()
+
+    imported = dict(json.loads((out / "postln" / "seed1" / "result.json").read_text()), imported_from="results/x.json",
+                    checkpoint="runs/compare/m30k/postln/seed1/checkpoint_best.pt")
+    (out / "postln" / "seed1" / "result.json").write_text(json.dumps(imported))
+    again = runs_module.finished_run(str(m30k_slice), "postln", recipe, 1, str(out / "postln" / "seed1"))
+    assert again["checkpoint"] == "runs/compare/m30k/postln/seed1/checkpoint_best.pt"

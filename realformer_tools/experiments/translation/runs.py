@@ -128,8 +128,24 @@ def finished_run(data, backbone, recipe, seed, run_dir, residual_mode="sum", lr=
     cmd = train_command(data, backbone, recipe, seed, run_dir, residual_mode, lr)
     if done is not None and fairseq_runs.same_recipe(done.get("command"), cmd):
         check_environment(done, os.path.join(run_dir, "result.json"))
-        return dict(done, run_dir=run_dir)
+        return dict(done, run_dir=run_dir, **_files_where_the_folder_is(done, run_dir))
     return None
+
+
+def _files_where_the_folder_is(done, run_dir):
+    """A run trained here names its checkpoint and log by the absolute path its folder had
+    then; read from a folder copied or moved since (a report run from another folder), they
+    are named where the folder is now, so that the report writes them relative to it and not
+    as another machine's or folder's paths. A run imported from a results file keeps the
+    paths the file records."""
+    if done.get("imported_from") is not None:
+        return {}
+    moved = {}
+    for key, name in (("checkpoint", "checkpoint_best.pt"), ("log", "train.log")):
+        recorded = done.get(key)
+        if isinstance(recorded, str) and os.path.isabs(recorded) and os.path.basename(recorded) == name:
+            moved[key] = os.path.abspath(os.path.join(run_dir, name))
+    return moved
 
 
 def run_hypotheses(result, test_set=None):
