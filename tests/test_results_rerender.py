@@ -27,7 +27,7 @@ from realformer_tools.experiments.translation import runs as runs_module
 RESULTS = REPO / "results"
 STUDY_JSONS = sorted(p for p in RESULTS.glob("*.json") if rerender.kind(json.loads(p.read_text())) is not None)
 # two-sided 95% Student t quantiles t_{0.975, df} from a printed table (df = seeds - 1)
-T_975 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}
+T_975 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # two-sided 95%, by df
 
 
 def _no_plot(summary, path):
