@@ -261,7 +261,8 @@ def test_ten_seed_layout_from_a_committed_file_with_reproducibility(m30k_three_s
     assert "| backbone | seeds | test BLEU |" in md and "| postln | 1-3 |" in md and "| preln | 1-5 |" in md
     assert "1 of 2 runs trained again reproduce the committed run exactly" in md
     assert "- preln seed 1: BLEU 29.30 against 29.30" in md and "(**differs**)" in md
-    assert "First trained here (no earlier record to compare with): preln seeds 4-5; realformer_preln seeds 4-5." in md
+    assert ("No earlier record to compare with when first trained (trained in this run folder, or carried forward "
+            "from the file's own reproducibility records): preln seeds 4-5; realformer_preln seeds 4-5.") in md
     assert "| realformer_preln − preln |" in md and "not scored" in md
     assert results.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
 

@@ -373,7 +373,8 @@ def reproducibility_lines(summary):
         by_backbone = {}
         for r in first:
             by_backbone.setdefault(r["backbone"], []).append(r["seed"])
-        lines += ["", "First trained here (no earlier record to compare with): "
+        lines += ["", "No earlier record to compare with when first trained (trained in this run folder, or "
+                  "carried forward from the file's own reproducibility records): "
                   + "; ".join(f"{b} seeds {seed_list(s)}" for b, s in by_backbone.items()) + "."]
     return lines
 
