@@ -144,3 +144,28 @@ def test_a_rerun_says_whether_it_resumes_or_restarts(tmp_path):
     assert record["attempts"] == 3 and any("resuming (fairseq continues from checkpoint_last.pt)" in m
                                            for m in messages)
     assert record["curve"][-1]["update"] == 6
+
+
+def test_each_attempt_records_what_decides_its_float_rounding(tmp_path):
+    """CPU model, torch's CPU capability and threads: the things besides the command that change
+    a run's last bits. A run resumed under other settings names both; a repeated one, once."""
+    import os
+    import sys
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-c", "print(" + repr(JSON_LINES[3]) + ")", "--save-dir", str(run_dir)]
+
+    def attempt(**env):
+        (run_dir / "train.json").unlink(missing_ok=True)
+        return fairseq_runs.train_resumable(cmd, str(run_dir), log=lambda m: None, env=dict(os.environ, **env))
+
+    first = attempt(OMP_NUM_THREADS="3", ATEN_CPU_CAPABILITY="default")
+    (machine,) = first["machines"]
+    assert machine["threads"] == 3 and machine["cpu_capability"] == "default"
+    assert isinstance(machine["cpu"], str) and machine["cpu"]
+    again = attempt(OMP_NUM_THREADS="3", ATEN_CPU_CAPABILITY="default")
+    assert again["attempts"] == 2 and again["machines"] == [machine]
+    other = attempt(OMP_NUM_THREADS="1")
+    assert other["machines"][0] == machine and other["machines"][1]["threads"] == 1
+    assert other["machines"][1]["cpu_capability"] not in ("", None)
+    recorded = json.loads((run_dir / "attempts.json").read_text())
+    assert [a["machine"]["threads"] for a in recorded] == [3, 3, 1]

@@ -113,8 +113,9 @@ def add_device_flags(group):
                             "else the cores shared out between the jobs). On a shared CPU, 1 avoids threads "
                             "spinning against other jobs")
     group.add_argument("--jobs", type=int, default=1,
-                       help="train this many runs at once (default: 1; results do not depend on it; 2 uses "
-                            "both cores of a 2-core machine with one thread each)")
+                       help="train this many runs at once (default: 1; 2 uses both cores of a 2-core machine with "
+                            "one thread each). How many run at once changes no result, but the threads "
+                            "each run gets change its float rounding: give --threads to rerun a run exactly")
 
 
 def exit_zero(main):

@@ -95,7 +95,9 @@ Every backbone is tested against Post-LN of the same seed with sacreBLEU's paire
 bootstrap resampling (--bootstrap-samples, p-value per seed), on the headline's BLEU.
 
 --jobs N trains N runs at once, each with OMP_NUM_THREADS = cores / N unless --threads is
-given; results do not depend on it (the JSON's machine field records it).
+given. How many run at once changes no result; the threads each run gets (and the CPU) change
+its float rounding, so an exact rerun needs the same --threads on the same kind of CPU (each
+run's train.json records its machines).
 
 Re-running the same command resumes: finished runs are reused, an interrupted one is
 restarted and fairseq continues it from checkpoint_last.pt. Asking for different settings

@@ -23,6 +23,7 @@ the split.
 import json
 import math
 import os
+import platform
 import re
 import statistics
 import time
@@ -160,12 +161,34 @@ def _attempt_seconds(attempts, log_path):
     return total
 
 
+def machine_record(env=None):
+    """What decides a run's float rounding besides its command: the CPU's model name, the vector
+    instructions torch's CPU kernels use (``ATEN_CPU_CAPABILITY`` in ``env`` lowers them) and
+    ``OMP_NUM_THREADS``. Changing any of them changes the last bits of a float32 training step
+    (measured: gradients by up to 3e-5), and over a few hundred updates the validation loss in
+    its third decimal; an exact rerun needs all three the same (docs/results.md)."""
+    import torch
+
+    env = os.environ if env is None else env
+    model = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    threads = str(env.get("OMP_NUM_THREADS", "")).strip()
+    return {"cpu": model,
+            "cpu_capability": env.get("ATEN_CPU_CAPABILITY") or torch.backends.cpu.get_cpu_capability(),
+            "threads": int(threads) if threads.isdigit() else None}
+
+
 def train_resumable(cmd, run_dir, label="", log=print, max_update=None, env=None, timeout=None):
     """Train once in ``run_dir`` (a ``--save-dir`` given in ``cmd``); return the run's record.
 
     The record (also ``run_dir/train.json``): ``status`` ("finished" or "diverged"),
     ``reason``, ``seconds`` (wall time over all attempts), ``updates``, ``curve`` (the
-    validation records, see ``parse_log``), ``command`` and ``log``. A finished or diverged
+    validation records, see ``parse_log``), ``command``, ``log`` and ``machines`` (each attempt's
+    ``machine_record``, once each: a run resumed elsewhere names both). A finished or diverged
     run with the same command is returned without training again; a different command in
     the same folder is refused (it would mix two runs). ``timeout``: seconds after which
     this attempt is killed (a ``RunError``; asked again, fairseq resumes it).
@@ -189,7 +212,7 @@ def train_resumable(cmd, run_dir, label="", log=print, max_update=None, env=None
             log(f"{label}resuming (fairseq continues from checkpoint_last.pt)")
         else:
             log(f"{label}restarting from update 0 (the last attempt stopped before its first checkpoint)")
-    attempts.append({"command": command, "start": time.time(), "end": None})
+    attempts.append({"command": command, "start": time.time(), "end": None, "machine": machine_record(env)})
     write_json(attempts_path, attempts)
     returncode, lines = run_logged(command, log_path, label, log, max_update, env, timeout=timeout)
     attempts[-1]["end"] = time.time()
@@ -203,6 +226,7 @@ def train_resumable(cmd, run_dir, label="", log=print, max_update=None, env=None
         raise RunError(f"fairseq-train failed with exit code {returncode} (log: {log_path}); last lines:\n{tail}")
     parsed = parse_log(all_lines)
     updates = [rec["update"] for rec in parsed["train"] + parsed["valid"]]
+    machines = [a["machine"] for a in attempts if a.get("machine")]  # attempts before this field: unknown
     record = {
         "status": "diverged" if reason else "finished",
         "reason": reason,
@@ -212,6 +236,7 @@ def train_resumable(cmd, run_dir, label="", log=print, max_update=None, env=None
         "curve": parsed["valid"],
         "command": command,
         "log": os.path.abspath(log_path),
+        "machines": [m for i, m in enumerate(machines) if m not in machines[:i]],
     }
     write_json(marker, record)
     return record

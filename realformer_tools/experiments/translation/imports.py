@@ -14,8 +14,11 @@ recipe is refused, naming the first flag that differs, and so is a file whose re
 ``REALFORMER_NMT_DATA_FIXES`` off (``recipe.check_environment``; a file that records no
 environment predates the switch, when the fixes were always on, and counts as on).
 
-This is sound only because fairseq's CPU training is reproducible: the same command gives
-the same validation losses (docs/results.md records the check for the committed files).
+This is sound because fairseq's CPU training is reproducible on the same kind of machine with
+the same threads: the same command gives the same run to the bit. On another CPU (or with
+other threads) float rounding differs and a rerun is a slightly different run of the same seed,
+as good as the imported one but not equal to it (docs/results.md, "Reproducibility across
+machines", measures both).
 """
 
 import os

@@ -154,8 +154,10 @@ def imported_lines(summary):
     """The Markdown note naming the imported runs (none: no lines)."""
     lines = []
     for source, runs in imported_runs(summary).items():
-        lines += [f"Taken from `{source}` (trained earlier with the identical recipe; fairseq's CPU training is "
-                  f"reproducible, so they were not trained again): {', '.join(runs)}.", ""]
+        lines += [f"Taken from `{source}` (trained earlier with the identical recipe, so not trained again; "
+                  "fairseq's CPU training reproduces a run exactly on the same kind of machine with the same "
+                  "threads, and elsewhere gives a slightly different run of the same seed, "
+                  f"docs/results.md): {', '.join(runs)}.", ""]
     return lines
 
 def not_run_lines(summary):

@@ -277,12 +277,13 @@ def done_and_missing(runs, fields):
 
 
 def parallel_note(jobs, threads):
-    """What the machine field says about concurrency (results do not depend on it)."""
+    """What the machine field says about concurrency and threads (the threads change a run's
+    float rounding, so a rerun is exact only with the same threads on the same kind of CPU)."""
     threads = fairseq_runs.threads_per_job(threads, jobs)
     per_run = f"OMP_NUM_THREADS={threads}" if threads else "default threads"
     if jobs == 1:
         return f"one run at a time ({per_run})"
-    return f"--jobs {jobs}: {jobs} fairseq trainings at once, {per_run} each (results do not depend on it)"
+    return f"--jobs {jobs}: {jobs} fairseq trainings at once, {per_run} each"
 
 
 def read_lines(path):
