@@ -164,9 +164,10 @@ def _attempt_seconds(attempts, log_path):
 def machine_record(env=None):
     """What decides a run's float rounding besides its command: the CPU's model name, the vector
     instructions torch's CPU kernels use (``ATEN_CPU_CAPABILITY`` in ``env`` lowers them) and
-    ``OMP_NUM_THREADS``. Changing any of them changes the last bits of a float32 training step
+    ``OMP_NUM_THREADS`` (unset: torch's default, as this process has it), with torch's version.
+    Changing any of them changes the last bits of a float32 training step
     (measured: gradients by up to 3e-5), and over a few hundred updates the validation loss in
-    its third decimal; an exact rerun needs all three the same (docs/results.md)."""
+    its third decimal; an exact rerun needs them all the same (docs/results.md)."""
     import torch
 
     env = os.environ if env is None else env
@@ -179,7 +180,8 @@ def machine_record(env=None):
     threads = str(env.get("OMP_NUM_THREADS", "")).strip()
     return {"cpu": model,
             "cpu_capability": env.get("ATEN_CPU_CAPABILITY") or torch.backends.cpu.get_cpu_capability(),
-            "threads": int(threads) if threads.isdigit() else None}
+            "torch": torch.__version__,
+            "threads": int(threads) if threads.isdigit() else torch.get_num_threads()}
 
 
 def train_resumable(cmd, run_dir, label="", log=print, max_update=None, env=None, timeout=None):
