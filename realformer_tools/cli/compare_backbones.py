@@ -161,9 +161,9 @@ def parse_args(argv=None):
                     help="take the runs that FILE (a committed results JSON of the main comparison or, with "
                          "--depth-stress or --stability-limit, of that study) holds into --out instead of training "
                          "them again; refused unless FILE's recipe is the one asked for. Runs already in --out are "
-                         "kept. fairseq's CPU training is reproducible on the same kind of CPU with the same "
-                         "threads, so there "
-                         "this equals training them here (elsewhere a rerun is a slightly different run). Main "
+                         "kept. On the same kind of CPU with the same threads fairseq's CPU training is reproducible, "
+                         "so there this equals training them here (elsewhere a rerun is a slightly different run). "
+                         "Main "
                          "comparison: FILE's backbones that --backbones leaves out are reported as FILE has them "
                          "(their own seeds); each run trained in --out that FILE also holds is checked against it "
                          "(the JSON's reproducibility); with --report-only FILE's runs are read, not written")
