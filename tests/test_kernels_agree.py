@@ -281,7 +281,7 @@ def packaged_text(monkeypatch):
         return text[0]
 
     monkeypatch.setattr(ra.choice, "_packaged_rule_text", read)
-    # the rule is what auto runs where the triton kernel does not apply (test_triton_kernel.py)
+    # the rule is what auto runs unless triton is preferred and applies (test_triton_kernel.py)
     monkeypatch.setattr(ra.triton_kernel, "unsupported", lambda *args, **kwargs: "not the subject here")
     ra.choice._read_packaged_rule.cache_clear()
     yield text

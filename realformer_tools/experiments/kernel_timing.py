@@ -185,7 +185,7 @@ def derive_rule(result: dict) -> dict:
             c["peak_memory_mib"][name] <= c["peak_memory_mib"]["materialized"] * MEMORY_SLACK
             for c in result["configs"] if c.get("peak_memory_mib")
         )
-    # triton is measured, not a candidate: auto runs it wherever it applies, the rule elsewhere
+    # triton is measured, not a candidate: auto runs it only where preferred (choice.AUTO_PREFERS_TRITON)
     eligible = [n for n in scores if memory_ok[n] and "triton" not in split_variant(n, layers)] or ["materialized"]
     best = min(eligible, key=scores.get)
     first, later = split_variant(best, layers)

@@ -63,7 +63,8 @@ Kernels (``--residual-attention-kernel``); all compute the same function:
   causal one; on CPU outside Triton's interpreter) a call runs what ``auto`` would without
   it, said once.
 * ``auto`` (default): per layer and call, :func:`auto_kernel` (the rule and the
-  measurements behind it are written there); on CUDA ``triton`` wherever it applies.
+  measurements behind it are written there); on CUDA the measured rule (``bias``), not
+  ``triton``, since triton's first GPU measurement (``choice.AUTO_PREFERS_TRITON``).
 
 No kernel reads a tensor's value on the host per layer (each read stalls a GPU's launch
 queue): what ``fused`` and ``bias`` branch on (is ``attn_mask`` fairseq's causal mask, are

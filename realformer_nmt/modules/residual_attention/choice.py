@@ -6,7 +6,7 @@ import logging
 import os
 from functools import lru_cache
 from importlib import resources
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 
 def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int, dtype=None, head_dim=None,
-                prefer_triton: bool = True) -> str:
+                prefer_triton: Optional[bool] = None) -> str:
     """The kernel ``auto`` runs for layer ``terms`` of a path on a full (uncached) pass.
 
     On CPU: the first layer of a path runs ``fused`` (that call is PyTorch's own fused
@@ -37,10 +37,11 @@ def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int, dty
     back to its unfused math kernel), hence materialized there. ``bias`` on CPU runs SDPA's
     math kernel (a mask with a gradient), no better than ``materialized``.
 
-    On CUDA: ``triton`` for every layer wherever it applies (``triton_kernel.unsupported``:
-    triton installed, a GPU of compute capability 8.0 or newer, no attention dropout, half
-    precision or float32; with ``prefer_triton=False`` never; not yet measured on a GPU).
-    Elsewhere on CUDA, the rule the project measured on a GPU, shipped in this package
+    On CUDA: ``triton`` only with ``prefer_triton=True`` (default :data:`AUTO_PREFERS_TRITON`,
+    False since its first GPU measurement, below), and then wherever it applies
+    (``triton_kernel.unsupported``: triton installed, a GPU of compute capability 8.0 or
+    newer, no attention dropout, half precision or float32). Otherwise, the rule the project
+    measured on a GPU, shipped in this package
     (``kernel_rule.json`` next to this module, ``{"rule": {"first_layer": K, "later_layers":
     K}}``; a program may set another with :func:`use_cuda_kernel_rule`). Measured on one
     H100 (fp16, base size, T = 128 and 512; ``results/gpu/h100-2026-11-27/``): ``bias`` for
@@ -54,6 +55,8 @@ def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int, dty
         if training_dropout:
             return "materialized"
         return "fused" if terms <= FUSED_MAX_TERMS else "materialized"
+    if prefer_triton is None:
+        prefer_triton = AUTO_PREFERS_TRITON
     if prefer_triton and triton_kernel.unsupported(device, dtype, training_dropout, head_dim) is None:
         return "triton"
     rule = cuda_kernel_rule()
@@ -62,6 +65,14 @@ def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int, dty
         kernel = "materialized"
     return kernel
 
+
+# Whether ``auto`` runs ``triton`` on CUDA where it applies. False since the kernel's first GPU
+# measurement (one H100, 2026-11-28, results/gpu/h100-2026-11-28/): fp16, base size, 11 rounds,
+# train tok/s 0.82x vanilla at T = 128 (bias 0.83x) and 1.00x at T = 512 (bias 0.86x) with 1.09x /
+# 1.28x vanilla's peak memory (bias 1.04x / 1.02x), against its targets of 0.95x and 1.05x / 1.00x;
+# and fairseq-train spent its first minute or more compiling Triton variants (lengths vary per
+# batch). ``--residual-attention-kernel triton`` runs it on request.
+AUTO_PREFERS_TRITON = False
 
 # Layers of a path (counted from its first) that ``auto`` runs fused on CPU (see ``auto_kernel``).
 FUSED_MAX_TERMS = 1

@@ -216,6 +216,6 @@ def _log_kernel_once(module, device, kernel, first, cached):
         return
     _LOGGED_KERNELS.add(key)
     why = " (cached decoding or attention weights asked for)" if cached else ""
-    logger.info("residual attention: --residual-attention-kernel %s ran %s for the %s layer of a %s path on %s%s "
-                "(logged once)", module.kernel, kernel, "first" if first else "a later", kind, device.type, why)
+    logger.info("residual attention: --residual-attention-kernel %s ran %s for %s layer of a %s path on %s%s "
+                "(logged once)", module.kernel, kernel, "the first" if first else "a later", kind, device.type, why)
 
