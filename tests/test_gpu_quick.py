@@ -290,6 +290,51 @@ def test_relu_flips_explain_a_gradient_jump_only_where_they_can():
     assert exactness.judge("bias", "sum", plain, dist(2e-6, fc1), yard, 0, 0)["status"] == "passed"
 
 
+def test_relu_flips_count_only_where_this_kernel_flips_a_unit_of_that_layer_and_materialized_does_not():
+    """The H100 of 2026-11-28: triton and materialized each flipped 3 units of the peaked model,
+    and triton's worst gradient was an fc1 weight. The count cannot say whether triton's flips
+    are in that layer; the units can: explained only where a unit of the worst tensor's layer
+    flips in this kernel and not in materialized (fc2 reads the same layer's units)."""
+    peaked = exactness.VARIANTS[0]
+    yard = {"materialized": dict(output=1.2e-5, gradient=4.3e-4), "fairseq": dict(output=4.3e-6, gradient=2.5e-4)}
+    d = dict(output_relative=1.2e-5, max_relative=2.1e-3, worst_tensor="encoder.layers.4.fc1.weight", problems=[])
+    mat = {"encoder.layers.4.fc1": {10}, "decoder.layers.1.fc1": {3, 4}}
+    own = {"encoder.layers.4.fc1": {10, 77}, "decoder.layers.1.fc1": {3}}
+    n = exactness.own_flips_in_layer(own, mat, d["worst_tensor"])
+    assert n == 1
+    c = exactness.judge("triton", "sum", peaked, dict(d), yard, flips=3, materialized_flips=3, own_flips=n)
+    assert c["status"] == "reported" and "1 hidden unit(s) of that layer" in c["reason"]
+    assert c["own_relu_flips_in_worst_layer"] == 1
+    same = {"encoder.layers.4.fc1": {10}, "decoder.layers.1.fc1": {3, 4, 5}}  # the extra flip is elsewhere
+    assert exactness.own_flips_in_layer(same, mat, d["worst_tensor"]) == 0
+    assert exactness.judge("triton", "sum", peaked, dict(d), yard, 4, 3, own_flips=0)["status"] == "failed"
+    assert exactness.own_flips_in_layer(own, mat, "encoder.layers.4.fc2.weight") == 1
+    assert exactness.own_flips_in_layer(own, mat, "encoder.layers.4.self_attn.q_proj.weight") == 0
+    # a record without units (before they were measured): the count decides, as before
+    assert exactness.judge("triton", "sum", peaked, dict(d), yard, 3, 3)["status"] == "failed"
+    assert exactness.judge("triton", "sum", peaked, dict(d), yard, 4, 3)["status"] == "reported"
+
+
+def test_triton_is_judged_by_name_on_cuda_where_it_applies(monkeypatch):
+    """auto no longer runs triton on CUDA, so the check measures it by name there (float32 and
+    half precision), never on CPU (only Triton's interpreter runs it there) nor in float64."""
+    from realformer_nmt.modules.residual_attention import triton_kernel
+
+    assert exactness.measured_kernels("cpu") == exactness.KERNELS
+    monkeypatch.setattr(triton_kernel, "unsupported", lambda *a, **k: None)
+    assert exactness.measured_kernels("cuda") == exactness.KERNELS + ("triton",)
+    assert exactness.measured_kernels("cpu") == exactness.KERNELS
+    monkeypatch.setattr(triton_kernel, "unsupported", lambda *a, **k: "triton is not installed")
+    assert exactness.measured_kernels("cuda") == exactness.KERNELS
+
+
+def test_relu_flip_units_are_the_units_whose_sign_differs():
+    ref = {"a.fc1": torch.tensor([[1.0, -1.0], [0.5, -0.5]])}
+    got = {"a.fc1": torch.tensor([[1.0, 1e-7], [-1e-7, -0.5]])}
+    assert exactness.relu_flip_units(got, ref) == {"a.fc1": {1, 2}}
+    assert exactness.relu_flips(got, ref) == 2
+
+
 @pytest.mark.slow  # float64 passes of the toy model (10 s or more on a loaded machine)
 def test_one_relu_flip_moves_an_fc1_gradient_and_not_the_output():
     """The mechanism behind the H100's plain-model numbers, in float64 on the CPU: one
