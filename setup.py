@@ -70,7 +70,7 @@ setup(
                         # GPU image ships (its CUDA torch pins it)
                         "triton==3.6.0; platform_system == 'Linux' and platform_machine == 'x86_64'"],
                     "plot": ["matplotlib"],
-                    # --residual-attention-kernel triton (and auto's choice of it on CUDA); CUDA builds of
+                    # --residual-attention-kernel triton (auto does not choose it); CUDA builds of
                     # torch on Linux bring their own triton, which is what it runs with there
                     "triton": ["triton>=3.6.0"],
                     # scripts/export_hf.py and the exported folders (AutoModel*.from_pretrained)

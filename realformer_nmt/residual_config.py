@@ -202,6 +202,7 @@ def add_args(parser, available=PATHS):
              "pip install 'realformer-nmt[triton]'; where it does not apply, a call runs what auto would, "
              "said once), or "
              "auto (per path and call: the rule in modules/residual_attention/choice.py, measured on CPU; "
-             "on CUDA triton where it applies, else the rule measured on a GPU, shipped in the package). "
+             "on CUDA the rule measured on a GPU, shipped in the package; not triton, which met one of its "
+             "four speed / memory targets on an H100). "
              "Default: auto",
     )

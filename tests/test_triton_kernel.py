@@ -362,7 +362,7 @@ def test_reasons_it_does_not_apply(monkeypatch):
 
 
 def test_auto_on_cuda_runs_triton_only_when_preferred(monkeypatch):
-    """Measured on an H100 (2026-11-28), triton met none of its speed / memory targets, so
+    """Measured on an H100 (2026-11-28), triton met one of its four speed / memory targets, so
     ``auto`` on CUDA runs the measured rule (``bias``) unless triton is preferred
     (``prefer_triton=True`` or ``AUTO_PREFERS_TRITON``); then triton wherever it applies."""
     monkeypatch.setattr(ra.sdpa_probe, "bias_has_fused_backend", lambda device: True)

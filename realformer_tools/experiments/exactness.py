@@ -238,14 +238,17 @@ def relu_flip_units(acts, ref_acts) -> Dict[str, set]:
             for n in ref_acts if n in acts}
 
 
-def own_flips_in_layer(units: Dict[str, set], materialized_units: Dict[str, set], tensor: Optional[str]) -> int:
-    """How many units of ``tensor``'s FFN (its layer's ``fc1``) flip in this kernel but not in
-    ``materialized``: the flips that can put this kernel's gradient of that tensor further
-    from float64 than materialized's (an equal count of flips in other units or layers
-    cannot tell)."""
-    match = re.match(r"(.*)\.fc[12]\.", tensor or "")
+def own_flips_in_layer(units: Dict[str, set], materialized_units: Dict[str, set],
+                       tensor: Optional[str]) -> Optional[int]:
+    """How many units of ``tensor``'s ``fc1`` flip in this kernel but not in ``materialized``:
+    the flips that move this kernel's gradient of that ``fc1`` tensor (a flipped unit's whole
+    contribution enters or leaves it) and that materialized's distance does not share (an
+    equal count of flips in other units or layers cannot tell). None for any other tensor: a
+    flipped unit's output is ~0 either way, so it barely moves ``fc2``, and flips further down
+    are not attributed here."""
+    match = re.match(r"(.*)\.fc1\.", tensor or "")
     if not match:
-        return 0
+        return None
     module = match.group(1) + ".fc1"
     return len(units.get(module, set()) - materialized_units.get(module, set()))
 
@@ -375,8 +378,15 @@ def model_agreement(device, dims, log=print, variants=VARIANTS) -> List[dict]:
             ref_out, ref_grads, ref_acts = _measure(base, "materialized", device, torch.float64, batch, True)
             measured = {}
             kernels = measured_kernels(device)
+            failed = {}
             for kernel in ("materialized",) + kernels:
-                out, grads, acts = _measure(base, kernel, device, torch.float32, batch, True)
+                try:
+                    out, grads, acts = _measure(base, kernel, device, torch.float32, batch, True)
+                except Exception as error:  # triton by name: its compile or launch error, not the whole check
+                    if kernel != "triton":
+                        raise
+                    failed[kernel] = f"{type(error).__name__}: {error}"[:300]
+                    continue
                 dist = distance(out, grads, ref_out, ref_grads)
                 relu = variant.activation == "relu"
                 dist["relu_flip_units"] = relu_flip_units(acts, ref_acts) if relu else None
@@ -390,9 +400,16 @@ def model_agreement(device, dims, log=print, variants=VARIANTS) -> List[dict]:
                                relu_flips=mat["relu_flips"],
                                **{k: v for k, v in mat.items() if k not in ("relu_flips", "relu_flip_units")}))
             for kernel in kernels:
+                if kernel in failed:
+                    checks.append(dict(name=f"{kernel} float32 vs float64 ({variant.name}, {mode})", status="failed",
+                                       reason=f"it did not run here: {failed[kernel]}", kernel=kernel, mode=mode,
+                                       model=variant.name, qk_scale=variant.qk_scale, activation=variant.activation))
+                    log(f"exactness: {checks[-1]['name']}: failed ({checks[-1]['reason']})")
+                    continue
                 dist, grads = measured[kernel]
                 flips, units = dist.pop("relu_flips"), dist.pop("relu_flip_units")
-                own = (own_flips_in_layer(units, mat["relu_flip_units"], dist["worst_tensor"])
+                # units known: only an fc1 tensor's own-layer flips explain (0 for any other tensor)
+                own = ((own_flips_in_layer(units, mat["relu_flip_units"], dist["worst_tensor"]) or 0)
                        if units is not None else None)
                 c = judge(kernel, mode, variant, dist, yardsticks, flips, mat["relu_flips"], own)
                 vs = compare_gradients(grads, mat_grads, tolerance=None)
@@ -502,7 +519,12 @@ def precision_distances(device, dims, log=print, variants=VARIANTS[:2]) -> List[
             for dtype in HALF_DTYPES:
                 table = {}
                 for kernel in ("materialized",) + measured_kernels(device):
-                    out, grads, _ = _measure(base, kernel, device, dtype, batch)
+                    try:
+                        out, grads, _ = _measure(base, kernel, device, dtype, batch)
+                    except Exception:  # triton by name: its failure is the float32 check's to report
+                        if kernel != "triton":
+                            raise
+                        continue
                     table[kernel] = dict(_short(distance(out, grads, ref_out, ref_grads)),
                                          finite=bool(torch.isfinite(out).all()))
                 out, grads, _ = _measure(fairseq_base, "materialized", device, dtype, batch)

@@ -1,7 +1,7 @@
 """Everything a GPU must prove, in steps that each fit a short GPU lease.
 
     python -m realformer_tools.experiments.gpu_check [--steps tests,train,ddp,speed] [--out results/gpu]
-    python -m realformer_tools.experiments.gpu_check --quick [--out results/gpu]   # first (sized for 8 minutes)
+    python -m realformer_tools.experiments.gpu_check --quick [--out results/gpu]   # first (sized for 9 minutes)
     python -m realformer_tools.experiments.gpu_check --dry-run      # CPU, toy sizes (CI)
     python -m realformer_tools.experiments.gpu_check --quick --dry-run
 
@@ -24,7 +24,7 @@ Steps (each writes ``<out>/<step>.json``; ``<out>/summary.md`` is rewritten afte
   writes ``<out>/kernel_rule.json`` (a rule for ``auto`` on CUDA: ``auto`` applies the one
   shipped in the package, ``modules/residual_attention/kernel_rule.json``).
 
-``--quick`` (run it first): one command that answers the main questions in 8 minutes on one
+``--quick`` (run it first): one command that answers the main questions in 9 minutes on one
 H100, each section in a time reserved for it up front, and writes ``<out>/quick.json`` and
 ``<out>/summary.md`` (small enough to copy back from a remote machine):
 

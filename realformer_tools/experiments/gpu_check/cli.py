@@ -24,7 +24,7 @@ def parse_args(argv=None):
     p.add_argument("--work", default=None,
                    help="checkpoints and logs (default: runs/gpu_check; with --dry-run <out>/gpu_check_work)")
     p.add_argument("--quick", action="store_true",
-                   help="the main answers in one short command (sized for 8 minutes on one H100): exactness per "
+                   help="the main answers in one short command (sized for 9 minutes on one H100): exactness per "
                         "parameter tensor, fp16/bf16 training, speed and memory at T = 128 and 512, two DDP ranks; "
                         "writes <out>/quick.json and <out>/summary.md (run it first, then the full check)")
     p.add_argument("--dry-run", action="store_true",

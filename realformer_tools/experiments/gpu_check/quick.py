@@ -1,6 +1,6 @@
 """``--quick``: the main answers in one short command, section by section (exactness,
 mixed-precision training, speed and memory, two DDP ranks), each in a time reserved for it
-up front (``QUICK_REAL.reserve``, within the 8-minute budget); ``quick.json`` rewritten
+up front (``QUICK_REAL.reserve``, within the 9-minute budget); ``quick.json`` rewritten
 after each."""
 
 import concurrent.futures

@@ -67,7 +67,7 @@ def exactness_lines(checks):
             lines.append(f"| {c['name']} | {c['status']} | {_e(c.get('output_relative'))} ({_e(c['limit_output'])}) | "
                          f"{_e(c.get('max_relative'))} ({_e(c['limit_gradient'])}) | "
                          f"{_tensor(c.get('worst_tensor'))} | {flips} | {_cell(c.get('reason') or '')} |")
-    other_kernel_rows = [c for c in checks if c.get("status") == "reported" and c.get("model")
+    other_kernel_rows = [c for c in checks if c.get("status") in ("reported", "failed") and c.get("model")
                          and "limit_output" not in c and c.get("reason") != "yardstick" and "distances" not in c
                          and "float64" in c["name"] and "vs materialized float64" not in c["name"]]
     for c in other_kernel_rows:
