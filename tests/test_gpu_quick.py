@@ -605,6 +605,22 @@ def test_rejudging_the_committed_h100_run():
     assert gpu_check.main(["--rejudge", str(folder / "missing.json")]) == 2
 
 
+def test_rejudging_a_table_with_triton_takes_no_noise_floor_from_auto(tmp_path):
+    """In the H100 run of 2026-11-28 auto ran triton, not bias: the rule derived again from its
+    speed table must not treat auto as a second timing of bias (that gave a false 8% noise
+    floor and picked bias); without a floor the 2% tie margin applies."""
+    import shutil
+
+    from realformer_tools.experiments.gpu_check.rejudge import rejudge
+
+    folder = tmp_path / "h100-2026-11-28"
+    shutil.copytree(REPO / "results" / "gpu" / "h100-2026-11-28", folder)
+    record, _ = rejudge(str(folder / "quick.json"), str(tmp_path / "out"))
+    (rule,) = [c for c in record["sections"]["speed"]["checks"] if c.get("rule")]
+    assert rule["measured"]["noise"] is None and rule["measured"]["tie_margin"] == 0.02
+    assert rule["rule"] == {"first_layer": "materialized", "later_layers": "materialized"}
+
+
 def test_gpu_md_states_the_targets_the_check_applies_and_runnable_commands():
     """docs/gpu.md is for any CUDA user: the targets are in the page (the numbers the code
     judges by), every `make gpu-check` line in it parses, and no one machine's conventions."""

@@ -192,8 +192,10 @@ def rejudge(path, out=None):
     if result is not None:
         sources["speed per round"] = rel(speed_path)
         checks = speed_checks(result, result.get("command"), dry_run=False)
-        # auto ran bias on every layer in this run (no rule yet; its log says so)
-        rule = rule_from_speed(result, rel(speed_path), auto_ran="bias")
+        # the run of 2026-11-27 (no triton variant yet): auto ran bias on every layer (its log says so); in a
+        # table with triton, auto may have run triton (2026-11-28) or the rule: no noise floor from it
+        variants = {v for c in result.get("configs", []) for v in c.get("variants", {})}
+        rule = rule_from_speed(result, rel(speed_path), auto_ran=None if "triton" in variants else "bias")
         checks.append(check("kernel rule for auto on CUDA (from this table)", "reported", rule["measured"]["why"],
                             rule=rule["rule"], measured=rule["measured"]))
     else:
