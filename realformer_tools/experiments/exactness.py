@@ -77,6 +77,8 @@ FLOAT64_TOLERANCE = 1e-10
 YARDSTICK_FACTOR = 2.0
 YARDSTICK_SLACK = 1e-6
 KERNELS = ("bias", "fused", "auto")
+MODES = ("sum", "mean")
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def measured_kernels(device) -> Tuple[str, ...]:
@@ -91,8 +93,6 @@ def measured_kernels(device) -> Tuple[str, ...]:
     if device.type == "cuda" and triton_kernel.unsupported(device, torch.float32) is None:
         return KERNELS + ("triton",)
     return KERNELS
-MODES = ("sum", "mean")
-HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,7 +228,11 @@ def relative(x, ref, floor=0.0) -> float:
 
 def relu_flips(acts, ref_acts) -> int:
     """Hidden units whose ReLU state (pre-activation > 0) differs from the reference's."""
-    return sum(len(units) for units in relu_flip_units(acts, ref_acts).values())
+    return flip_count(relu_flip_units(acts, ref_acts))
+
+
+def flip_count(units: Dict[str, set]) -> int:
+    return sum(len(u) for u in units.values())
 
 
 def relu_flip_units(acts, ref_acts) -> Dict[str, set]:
@@ -356,6 +360,18 @@ def _measure(base, kernel, device, dtype, batch, activations=False):
     return out, grads, acts
 
 
+def _measure_by_name(base, kernel, device, dtype, batch, activations=False):
+    """``(_measure's result, None)``, or ``(None, the error)`` where ``triton``, judged by name,
+    failed to compile or launch here: one failed check, not a stopped section. Any other
+    kernel's error is raised."""
+    try:
+        return _measure(base, kernel, device, dtype, batch, activations), None
+    except Exception as error:
+        if kernel != "triton":
+            raise
+        return None, f"{type(error).__name__}: {error}"[:300]
+
+
 def model_agreement(device, dims, log=print, variants=VARIANTS) -> List[dict]:
     """Every kernel in float32 against float64, judged by the yardsticks (docstring, 2.)."""
     checks = []
@@ -380,17 +396,14 @@ def model_agreement(device, dims, log=print, variants=VARIANTS) -> List[dict]:
             kernels = measured_kernels(device)
             failed = {}
             for kernel in ("materialized",) + kernels:
-                try:
-                    out, grads, acts = _measure(base, kernel, device, torch.float32, batch, True)
-                except Exception as error:  # triton by name: its compile or launch error, not the whole check
-                    if kernel != "triton":
-                        raise
-                    failed[kernel] = f"{type(error).__name__}: {error}"[:300]
+                result, failed[kernel] = _measure_by_name(base, kernel, device, torch.float32, batch, True)
+                if result is None:
                     continue
+                out, grads, acts = result
                 dist = distance(out, grads, ref_out, ref_grads)
                 relu = variant.activation == "relu"
                 dist["relu_flip_units"] = relu_flip_units(acts, ref_acts) if relu else None
-                dist["relu_flips"] = sum(map(len, dist["relu_flip_units"].values())) if relu else None
+                dist["relu_flips"] = flip_count(dist["relu_flip_units"]) if relu else None
                 measured[kernel] = (dist, grads)
             mat, mat_grads = measured["materialized"]
             yardsticks = {"materialized": _short(mat), "fairseq": fairseq}
@@ -400,7 +413,7 @@ def model_agreement(device, dims, log=print, variants=VARIANTS) -> List[dict]:
                                relu_flips=mat["relu_flips"],
                                **{k: v for k, v in mat.items() if k not in ("relu_flips", "relu_flip_units")}))
             for kernel in kernels:
-                if kernel in failed:
+                if failed[kernel]:
                     checks.append(dict(name=f"{kernel} float32 vs float64 ({variant.name}, {mode})", status="failed",
                                        reason=f"it did not run here: {failed[kernel]}", kernel=kernel, mode=mode,
                                        model=variant.name, qk_scale=variant.qk_scale, activation=variant.activation))
@@ -519,12 +532,10 @@ def precision_distances(device, dims, log=print, variants=VARIANTS[:2]) -> List[
             for dtype in HALF_DTYPES:
                 table = {}
                 for kernel in ("materialized",) + measured_kernels(device):
-                    try:
-                        out, grads, _ = _measure(base, kernel, device, dtype, batch)
-                    except Exception:  # triton by name: its failure is the float32 check's to report
-                        if kernel != "triton":
-                            raise
+                    result, _ = _measure_by_name(base, kernel, device, dtype, batch)
+                    if result is None:  # its failure is the float32 check's to report
                         continue
+                    out, grads, _ = result
                     table[kernel] = dict(_short(distance(out, grads, ref_out, ref_grads)),
                                          finite=bool(torch.isfinite(out).all()))
                 out, grads, _ = _measure(fairseq_base, "materialized", device, dtype, batch)
