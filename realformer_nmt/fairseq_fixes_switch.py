@@ -11,9 +11,10 @@ checkpoint copies, one-line errors, ``--bf16`` on CPU, ...) are opt-in:
   they start;
 * in a plain fairseq run, ``REALFORMER_NMT_FAIRSEQ_FIXES=1`` (:data:`FIXES_SWITCH`), read
   when the plugin is imported, installs the always-on fixes, and
-  ``REALFORMER_NMT_DATA_FIXES=1`` (:data:`DATA_FIXES_SWITCH`) the two fixes that change
+  ``REALFORMER_NMT_DATA_FIXES=1`` (:data:`DATA_FIXES_SWITCH`) the three fixes that change
   what fairseq trains on and scores (kept last batch, masks redrawn per epoch with
-  workers). ``1`` turns a group on; unset, empty or ``0`` leaves fairseq as it is;
+  workers, a resumed run's batches as if never stopped). ``1`` turns a group on; unset,
+  empty or ``0`` leaves fairseq as it is;
 * a program calls :func:`install_fairseq_fixes`.
 
 Only then is the fixes package imported. docs/reliability.md lists the fixes and which of

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -467,3 +468,45 @@ def test_every_test_set_is_scored_and_a_run_scored_before_is_decoded_only(m30k_s
     fresh = json.loads((out / "realformer" / "seed1" / "result.json").read_text())
     assert list(fresh["bleu_by_test_set"]) == [t["name"] for t in sets]
     assert again["realformer"]["seed_paired_vs_postln_over_test_sets"]["seeds"] == [1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_at, loaded, data_fixes", [
+    (3, "(epoch 1 @ 3 updates)", "1"), (18, "(epoch 2 @ 18 updates)", "1"), (18, "(epoch 2 @ 18 updates)", "0")],
+    ids=["mid-epoch", "epoch-end", "epoch-end-fairseq-alone"])
+def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(m30k_slice, tmp_path, stop_at, loaded, data_fixes):
+    """Stopped at update ``stop_at`` (the slice's first epoch is 18 updates) and resumed from
+    checkpoint_last.pt by the harness, a run ends with the parameters of the same command never
+    stopped, bit for bit. Without the data fixes (``resume_batches``) fairseq 0.12.2 builds a
+    run resumed in epoch 2 other batches: when that case passes, the fix is no longer needed."""
+    import torch
+
+    from realformer_nmt.switches import DATA_FIXES_SWITCH
+
+    env = dict(cli_env(), **{DATA_FIXES_SWITCH: data_fixes})
+    recipe = tiny_recipe(max_update=22, extra=["--save-interval-updates", str(stop_at)])
+    ends = {}
+    for name in ("whole", "resumed"):
+        run_dir = tmp_path / name / "realformer" / "seed1"
+        cmd = compare.train_command(str(m30k_slice), "realformer", recipe, 1, str(run_dir))
+        run_dir.mkdir(parents=True)
+        if name == "resumed":
+            first = [c if cmd[i - 1] != "--max-update" else str(stop_at) for i, c in enumerate(cmd)]
+            subprocess.run(first, check=True, capture_output=True, env=env)
+            (run_dir / "attempts.json").write_text(json.dumps([{"command": cmd, "start": 0.0, "end": None}]))
+        record = fairseq_runs.train_resumable(cmd, str(run_dir), log=_quiet, env=env)
+        assert record["status"] == "finished" and record["updates"] == 22
+        log = (run_dir / "train.log").read_text()
+        # every epoch trained once, in order (the fix must not move an uninterrupted run's epochs)
+        epochs = ["1", "2"] if name == "whole" or stop_at < 18 else ["2"]
+        assert re.findall(r"begin training epoch (\d+)", log) == epochs
+        if name == "resumed":
+            assert loaded in log
+        ends[name] = torch.load(run_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
+    whole, resumed = ends["whole"], ends["resumed"]
+    assert whole.keys() == resumed.keys()
+    differing = [k for k in whole if not torch.equal(whole[k], resumed[k])]
+    if data_fixes == "1":
+        assert not differing, f"{len(differing)} of {len(whole)} tensors differ, e.g. {differing[:3]}"
+    else:  # fairseq alone: other batches from epoch 2 on, other parameters
+        assert len(differing) > len(whole) // 2, differing

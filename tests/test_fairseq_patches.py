@@ -53,6 +53,7 @@ def replaced_objects():
                      fairseq_cli.eval_lm.main),
         "numpy2_compat": (np.compat, np.compat.long, data_utils.get_buckets, bucket_pad_length_dataset.get_buckets),
         "epoch_workers": (iterators.EpochBatchIterator.__dict__["next_epoch_itr"],),
+        "resume_batches": (Trainer.__dict__["get_train_iterator"],),
         "cpu_distributed": (distributed_fairseq_model.DistributedDataParallel, distributed_utils.call_main),
         "arch_choices": (options.add_model_args,),
         "train_preflight": (fairseq_cli.train.main,),

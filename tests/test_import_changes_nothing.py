@@ -44,7 +44,8 @@ FIXED = {
     "train_preflight": ["fairseq_cli.train:main"],
 }
 DATA_FIXED = {"keep_last_batch": ["fairseq.data.data_utils:batch_by_size"],
-              "epoch_workers": ["fairseq.data.iterators:EpochBatchIterator.next_epoch_itr"]}
+              "epoch_workers": ["fairseq.data.iterators:EpochBatchIterator.next_epoch_itr"],
+              "resume_batches": ["fairseq.trainer:Trainer.get_train_iterator"]}
 # besides: numpy2_compat adds numpy.compat, batch_thread_exit an exit hook, and the one-line
 # errors (errors.install_excepthook) replace sys.excepthook
 FIXES_BESIDES = ["added numpy:compat", "changed excepthook", "changed exit_hooks"]

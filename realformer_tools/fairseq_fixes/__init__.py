@@ -35,6 +35,7 @@ run ``REALFORMER_NMT_FAIRSEQ_FIXES=1``, read when the plugin is imported, instal
 | train_preflight             | a bad --restore-file or .bin fails late, after --save-dir    | FIXES     |
 | keep_last_batch             | up to 7 sentences silently dropped per batching (#5036)      | DATA      |
 | epoch_workers               | --num-workers >= 1: masked_lm's masks drawn once per run     | DATA      |
+| resume_batches              | a run resumed in epoch >= 2 trains on other batches          | DATA      |
 
 FIXES: ``REALFORMER_NMT_FAIRSEQ_FIXES=1``; DATA: ``REALFORMER_NMT_DATA_FIXES=1``.
 """
@@ -58,6 +59,7 @@ from . import (
     interactive_utf8,
     keep_last_batch,
     numpy2_compat,
+    resume_batches,
     safe_checkpoint_loading,
     train_preflight,
 )
@@ -79,7 +81,7 @@ ALWAYS_ON = (
     arch_choices,
     train_preflight,
 )
-DATA_FIXES = (keep_last_batch, epoch_workers)
+DATA_FIXES = (keep_last_batch, epoch_workers, resume_batches)
 PATCHES = ALWAYS_ON + DATA_FIXES
 
 _announced = False
@@ -118,7 +120,8 @@ def install_data_fixes():
             and _in_a_fairseq_command():
         _announced = True
         logger.info("%s=1: fairseq's data handling fixed (every sentence batched, masks redrawn each epoch with "
-                    "DataLoader workers): numbers differ from fairseq alone (docs/reliability.md)", SWITCH)
+                    "DataLoader workers, a resumed run's batches as if never stopped): numbers differ from "
+                    "fairseq alone (docs/reliability.md)", SWITCH)
 
 
 def _in_a_fairseq_command(argv0=None) -> bool:

@@ -1,0 +1,79 @@
+"""A run resumed from a checkpoint in epoch 2 or later trains on other batches than the same
+run never stopped; build them as the run that never stopped built them.
+
+Bug (fairseq 0.12.2): ``FairseqTask.get_batch_iterator`` groups the sentences into batches
+once, when it creates the training iterator, breaking ties between sentences of equal
+length with a permutation drawn under ``numpy_seed(seed + epoch)``, and where the dataset
+allows it (``can_reuse_epoch_itr_across_epochs``: ``--task translation``, ``masked_lm``)
+every later epoch reuses those batches and only shuffles their order. A run started from
+scratch creates the iterator in epoch 1; a run resumed from ``checkpoint_last.pt`` creates it
+in the epoch it resumes in. From there on sentences of equal length sit in other batches and
+in another order inside them, so dropout falls on other positions and the run drifts away
+from the one that was never stopped. Measured on 300 Multi30k sentences
+(``tests/test_compare_backbones.py``): resumed in epoch 1, the parameters after 22 updates
+equal the uninterrupted run's bit for bit; resumed at the start of epoch 2, 87 of 89
+tensors differ, although the two runs' parameters were equal when the second one stopped.
+
+Fix: ``Trainer.get_train_iterator``, asked for epoch ``e`` > 1 when it has no iterator to
+reuse (a resumed run's first call), builds the iterator as in epoch 1 and then moves it (and
+the dataset) to epoch ``e``: exactly the iterator an uninterrupted run holds when it reaches
+epoch ``e``. ``load_state_dict`` then fast-forwards it as before. It does so only where
+fairseq would reuse the iterator across epochs: not with data split into shards (each epoch
+reads another shard), ``disable_iterator_cache``, ``--update-epoch-batch-itr``,
+``rebuild_batches``, or a dataset that cannot reuse its iterator; there both runs build the
+batches in the same epoch and nothing changes. It changes what a resumed run trains on, so
+it is installed only with ``REALFORMER_NMT_DATA_FIXES=1``
+(``realformer_tools.fairseq_fixes``).
+
+When it is no longer needed: with the patch uninstalled, ``fairseq-train`` stopped at the
+end of epoch 1 and resumed ends with the parameters of the same command never stopped
+(``tests/test_compare_backbones.py::test_resumed_run_is_bit_identical_to_an_uninterrupted_one``
+checks both).
+"""
+
+import functools
+
+from fairseq.trainer import Trainer
+
+
+def _reused_across_epochs(trainer, disable_iterator_cache):
+    """Whether fairseq builds this run's training batches once and reuses them every epoch,
+    as far as can be told before the dataset is loaded."""
+    task, subset = trainer.task, trainer.cfg.dataset.train_subset
+    return not (disable_iterator_cache or trainer.cfg.dataset.update_epoch_batch_itr
+                or getattr(task.cfg, "rebuild_batches", False) or task.has_sharded_data(subset))
+
+
+def _already_built(trainer):
+    """Whether fairseq holds an iterator of this run's training data, made in an earlier epoch,
+    which it hands back instead of building one."""
+    dataset = trainer.task.datasets.get(trainer.cfg.dataset.train_subset)
+    return dataset is not None and dataset in trainer.task.dataset_to_epoch_iter
+
+
+def built_as_in_epoch_one(get_train_iterator):
+    @functools.wraps(get_train_iterator)
+    def wrapper(self, epoch, combine=True, load_dataset=True, data_selector=None, shard_batch_itr=True,
+                disable_iterator_cache=False):
+        kwargs = dict(combine=combine, data_selector=data_selector, shard_batch_itr=shard_batch_itr,
+                      disable_iterator_cache=disable_iterator_cache)
+        if epoch <= 1 or not _reused_across_epochs(self, disable_iterator_cache) or (
+                not load_dataset and _already_built(self)):  # the iterator of the epochs before: reused as is
+            return get_train_iterator(self, epoch, load_dataset=load_dataset, **kwargs)
+        iterator = get_train_iterator(self, 1, load_dataset=load_dataset, **kwargs)
+        dataset = self.task.dataset(self.cfg.dataset.train_subset)
+        if not self.task.can_reuse_epoch_itr(dataset):  # fairseq builds it anew each epoch: as asked
+            return get_train_iterator(self, epoch, load_dataset=load_dataset, **kwargs)
+        # what an uninterrupted run's iterator is on reaching this epoch (EpochBatchIterator
+        # keeps the epoch it was created in as ``epoch``; next_epoch_itr moves the dataset)
+        iterator.epoch = epoch
+        dataset.set_epoch(epoch)
+        return iterator
+
+    wrapper.__realformer_fixed__ = True
+    return wrapper
+
+
+def install():
+    if not getattr(Trainer.get_train_iterator, "__realformer_fixed__", False):
+        Trainer.get_train_iterator = built_as_in_epoch_one(Trainer.get_train_iterator)
