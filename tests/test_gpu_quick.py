@@ -619,6 +619,10 @@ def test_rejudging_a_table_with_triton_takes_no_noise_floor_from_auto(tmp_path):
     (rule,) = [c for c in record["sections"]["speed"]["checks"] if c.get("rule")]
     assert rule["measured"]["noise"] is None and rule["measured"]["tie_margin"] == 0.02
     assert rule["rule"] == {"first_layer": "materialized", "later_layers": "materialized"}
+    # every rank saved in this run and the check compared their parameters: its judgement stands
+    committed = json.loads((folder / "quick.json").read_text())["sections"]["ddp"]["checks"]
+    assert record["sections"]["ddp"]["checks"] == committed
+    assert record["sections"]["ddp"]["checks"][0]["status"] == "passed"
 
 
 def test_gpu_md_states_the_targets_the_check_applies_and_runnable_commands():

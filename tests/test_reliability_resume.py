@@ -7,7 +7,12 @@ same command line (measured here: on CPU the resumed run is bit-identical to an
 uninterrupted one, whether it resumes at update 5 or at a random kill point):
 
 * data order: batches are shuffled with ``seed + epoch`` (``EpochBatchIterator``), so an
-  epoch's batch order does not depend on when the process started;
+  epoch's batch order does not depend on when the process started. What each batch holds is
+  drawn once, with ``seed +`` the epoch the process created its iterator in: fairseq alone
+  builds a run resumed in epoch 2 or later other batches, and the data fix
+  ``resume_batches`` builds them as in epoch 1
+  (``tests/test_compare_backbones.py::test_resumed_run_is_bit_identical_to_an_uninterrupted_one``).
+  The tests here resume within the first epoch (400 sentences, one per update, 40 updates);
 * iterator position: ``extra_state["train_iterator"]`` stores the epoch and
   ``iterations_in_epoch``; the resumed iterator skips the batches already consumed, so a
   mid-epoch checkpoint continues with the next batch;
