@@ -472,10 +472,10 @@ def test_every_test_set_is_scored_and_a_run_scored_before_is_decoded_only(m30k_s
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_at, loaded, data_fixes", [
-    (3, "(epoch 1 @ 3 updates)", "1"), (18, "(epoch 2 @ 18 updates)", "1"), (18, "(epoch 2 @ 18 updates)", "0")],
-    ids=["mid-epoch", "epoch-end", "epoch-end-fairseq-alone"])
+    (20, "(epoch 2 @ 20 updates)", "1"), (18, "(epoch 2 @ 18 updates)", "1"), (18, "(epoch 2 @ 18 updates)", "0")],
+    ids=["mid-epoch-2", "epoch-end", "epoch-end-fairseq-alone"])
 def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(m30k_slice, tmp_path, stop_at, loaded, data_fixes):
-    """Stopped at update ``stop_at`` (the slice's first epoch is 18 updates) and resumed from
+    """Stopped at update ``stop_at`` (the slice's epochs are 18 updates) and resumed from
     checkpoint_last.pt by the harness, a run ends with the parameters of the same command never
     stopped, bit for bit. Without the data fixes (``resume_batches``) fairseq 0.12.2 builds a
     run resumed in epoch 2 other batches: when that case passes, the fix is no longer needed."""
@@ -498,7 +498,7 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(m30k_slice, tmp_pa
         assert record["status"] == "finished" and record["updates"] == 22
         log = (run_dir / "train.log").read_text()
         # every epoch trained once, in order (the fix must not move an uninterrupted run's epochs)
-        epochs = ["1", "2"] if name == "whole" or stop_at < 18 else ["2"]
+        epochs = ["1", "2"] if name == "whole" else ["2"]
         assert re.findall(r"begin training epoch (\d+)", log) == epochs
         if name == "resumed":
             assert loaded in log

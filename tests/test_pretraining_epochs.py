@@ -238,3 +238,36 @@ def test_a_line_without_end_of_sentence_is_a_clear_error():
     pairs = NextSentencePairsDataset(lines, np.array([3, 1, 3, 1, 2]), tokens_per_sample=5, split="train")
     with pytest.raises(DataError, match="line 2 of the train data does not end with </s>"):
         [pairs[i] for i in range(len(pairs))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["masked_lm_nsp", "masked_lm"])
+def test_pretraining_resumed_at_an_epoch_end_is_bit_identical(short_lines, tmp_path, task):
+    """With the data fixes (``resume_batches``), a pre-training run stopped after epoch 1 and
+    resumed from checkpoint_last.pt ends epoch 3 with the parameters of the run never stopped:
+    ``masked_lm_nsp`` (its datasets cannot reuse an iterator: the fix's pass-through, the split
+    loaded once) and ``masked_lm`` (an iterator reused across epochs)."""
+    criterion = "masked_lm_nsp_probe" if task == "masked_lm_nsp" else "masked_lm_acc_probe"
+    extra = ["--sample-break-mode", "complete"] if task == "masked_lm" else []
+
+    def train(save_dir, max_epoch):
+        env = dict(cli_env(), EPOCH_PROBE_OUT=str(tmp_path / "probe.jsonl"))
+        proc = subprocess.run(
+            [str(BIN / "fairseq-train"), str(short_lines), "--user-dir", PROBE, "--task", task,
+             "--criterion", criterion, "--arch", "realformer_bert_small", "--encoder-layers", "1",
+             "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
+             "--tokens-per-sample", "32", "--batch-size", "8", "--optimizer", "adam", "--lr", "1e-3",
+             "--max-epoch", str(max_epoch), "--cpu", "--disable-validation", "--no-epoch-checkpoints",
+             "--save-dir", str(save_dir), "--seed", "1", "--log-format", "simple", *extra],
+            capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    train(tmp_path / "whole", 3)
+    train(tmp_path / "resumed", 1)
+    log = train(tmp_path / "resumed", 3)
+    assert "(epoch 2 @ " in log  # resumed at the start of epoch 2
+    whole, resumed = (torch.load(tmp_path / name / "checkpoint_last.pt", map_location="cpu",
+                                 weights_only=False)["model"] for name in ("whole", "resumed"))
+    differing = [k for k in whole if not torch.equal(whole[k], resumed[k])]
+    assert whole.keys() == resumed.keys() and not differing, differing
