@@ -482,6 +482,7 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(m30k_slice, tmp_pa
     import torch
 
     from realformer_nmt.switches import DATA_FIXES_SWITCH
+    from realformer_tools.fairseq_fixes import safe_checkpoint_loading
 
     env = dict(cli_env(), **{DATA_FIXES_SWITCH: data_fixes})
     recipe = tiny_recipe(max_update=22, extra=["--save-interval-updates", str(stop_at)])
@@ -502,7 +503,8 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(m30k_slice, tmp_pa
         assert re.findall(r"begin training epoch (\d+)", log) == epochs
         if name == "resumed":
             assert loaded in log
-        ends[name] = torch.load(run_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
+        with safe_checkpoint_loading.fairseq_checkpoint_types():  # weights only, fairseq's types allowed
+            ends[name] = torch.load(run_dir / "checkpoint_last.pt", map_location="cpu")["model"]
     whole, resumed = ends["whole"], ends["resumed"]
     assert whole.keys() == resumed.keys()
     differing = [k for k in whole if not torch.equal(whole[k], resumed[k])]

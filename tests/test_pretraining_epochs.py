@@ -246,6 +246,8 @@ def test_pretraining_resumed_at_an_epoch_end_is_bit_identical(short_lines, tmp_p
     and resumed from checkpoint_last.pt ends epoch 3 with the parameters of the run never
     stopped: its datasets cannot reuse an iterator, so the fix drops its epoch-1 build and
     makes fairseq's own call (a reused iterator is tests/test_compare_backbones.py's case)."""
+    from realformer_tools.fairseq_fixes import safe_checkpoint_loading
+
     criterion = "masked_lm_nsp_probe" if task == "masked_lm_nsp" else "masked_lm_acc_probe"
     extra = ["--sample-break-mode", "complete"] if task == "masked_lm" else []
 
@@ -266,7 +268,8 @@ def test_pretraining_resumed_at_an_epoch_end_is_bit_identical(short_lines, tmp_p
     train(tmp_path / "resumed", 1)
     log = train(tmp_path / "resumed", 3)
     assert "(epoch 2 @ " in log  # resumed at the start of epoch 2
-    whole, resumed = (torch.load(tmp_path / name / "checkpoint_last.pt", map_location="cpu",
-                                 weights_only=False)["model"] for name in ("whole", "resumed"))
+    with safe_checkpoint_loading.fairseq_checkpoint_types():  # weights only, fairseq's types allowed
+        whole, resumed = (torch.load(tmp_path / name / "checkpoint_last.pt", map_location="cpu")["model"]
+                          for name in ("whole", "resumed"))
     differing = [k for k in whole if not torch.equal(whole[k], resumed[k])]
     assert whole.keys() == resumed.keys() and not differing, differing
