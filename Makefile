@@ -39,12 +39,12 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install torch==2.13.0
-	$(VENV)/bin/pip install -e '.[test]'
+	$(VENV)/bin/pip install -q torch==2.13.0
+	$(VENV)/bin/pip install -q -e '.[test]'
 	# fairseq-fixed pulls torchaudio 2.11, which cannot load beside torch 2.13 (and none matching
 	# 2.13 is published); transformers imports any installed torchaudio, so it goes: fairseq
 	# imports torchaudio only inside its speech tasks, which this project does not use.
-	$(VENV)/bin/pip uninstall -y torchaudio
+	$(VENV)/bin/pip uninstall -q -y torchaudio
 	@touch $@
 
 demo: setup
