@@ -35,10 +35,6 @@ TRAIN_FLAGS = (
     "--log-format simple --log-interval {log_interval}"
 )
 
-# Seconds per update of the default model, measured (README): CPU seconds of fairseq-train
-# (its wall time on an idle core; start-up included) and wall seconds on 2 cores busy with
-# other trainings (load 20-29, a second demo beside it: 238 and 240 updates in 10 minutes).
-SECONDS_PER_UPDATE = {"cpu": 0.16, "busy": 2.5}
 STATE_FILE = "demo_state.json"
 
 _BEGIN = re.compile(r"begin training epoch|Start iterating over samples")
@@ -236,8 +232,7 @@ def train(args, out_dir, log):
     cmd = train_command(args, round((used + cap) / 3600, 6) if cap else 0)
     left = max(0, args.max_update - done)
     log(f"{'resuming at update ' + str(done) + ' of ' if done else 'training '}{args.max_update} updates: "
-        f"{left} to go, about {left * SECONDS_PER_UPDATE['cpu'] / 60:.1f} minutes on an idle core, "
-        f"{left * SECONDS_PER_UPDATE['busy'] / 60:.0f} on 2 cores busy with other trainings (default model)"
+        f"{left} to go"
         + (f"; capped at {args.max_minutes:g} minutes (--max-minutes), then the model it has is scored"
            if cap else "") + f"; a progress line with an ETA every {args.log_interval} updates")
     log(f"fairseq-train: {shlex.join(map(str, cmd))} (log: {log_path})")
