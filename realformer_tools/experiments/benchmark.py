@@ -1,26 +1,27 @@
-"""Training and decoding speed and memory of RealFormer against fairseq's transformer.
+"""Training speed and memory of RealFormer against fairseq's ``transformer``, measured where
+users train.
 
-Every variant is built with the same weights and timed in the same process on the same
-batches, interleaved step by step (so machine load hits all alike); medians of the
-alternations are reported with ratios to ``vanilla`` (absolute times on a shared
-machine are noise, side-by-side ratios are not).
+Every variant is built with the same weights and timed in the same process on the same batch;
+the variants are interleaved round by round (round r of every variant ran under the same load)
+and each speed is reported as the median of its per-round ratios to ``vanilla``, with their
+range. Per row (size, tokens per batch, T, dtype):
 
-Per (size, length):
-* train: forward + backward + Adam step on ``tokens`` target tokens (``tokens // T``
-  sentences of ``T`` source and ``T`` target tokens), in training mode with the arch's
-  own dropout settings; tokens/s counts target tokens, as fairseq's ``wps`` does;
-* memory: peak memory of a train step. On CPU, in a fresh process per variant: the
-  rise of the process's peak RSS during the second train step over its RSS before it
-  (activations and gradients; Adam state exists by then). On CUDA, in the same process
-  (the caching allocator counts every byte, so no fresh process is needed):
-  ``torch.cuda.max_memory_allocated`` during a train step of the variant, minus what was
-  allocated before it (the other variants' models and states), plus the variant's own
-  parameters and Adam state, i.e. what a process training that variant alone would
-  peak at. Plus the bytes autograd saves for backward (a deterministic count of
-  activation memory);
-* decode: fairseq's ``SequenceGenerator`` beam search (cached decoding) over
-  ``decode_sentences`` sources of length ``T``, generating up to ``decode_len`` tokens;
-  sentences/s.
+* train: forward + backward + Adam step on ``tokens // T`` sentences of ``T`` source and ``T``
+  target tokens, in training mode with the arch's own dropout (the big arch's attention dropout
+  0.1 included); each step timed with CUDA events on CUDA (``perf_counter`` on CPU), its wall
+  time beside;
+* host and GPU apart: for one step per variant, the time the GPU was busy (the union of the
+  device-kernel intervals ``torch.profiler`` records) over the median step time. A row where a
+  variant's GPU is busy less than :data:`GPU_BOUND` of its step is host-bound: its ratios
+  measure Python and launches, not kernels, and the report says it does not rank kernels;
+* memory: on CUDA ``torch.cuda.max_memory_allocated`` during a step, minus what was allocated
+  before it, plus the variant's parameters and Adam state (what a process training that
+  variant alone peaks at); on CPU the rise of a fresh process's peak RSS over a step; and the
+  bytes autograd saves for backward;
+* decode (``decode_alternations`` > 0): fairseq's ``SequenceGenerator`` beam search over
+  ``decode_sentences`` sources of length ``T``, sentences/s;
+* first pass (:func:`first_pass`): one train step at each of many lengths not seen before,
+  per variant: the compile cost a run pays when its batches bring new lengths.
 """
 
 import argparse
@@ -52,6 +53,13 @@ SIZE_OVERRIDES = {"toy": TOY}
 VARIANTS = {"vanilla": (False, {})}
 VARIANTS.update({k: (True, {"residual_attention_kernel": k}) for k in KERNELS if k != "auto"})
 VARIANTS["auto"] = (True, {"residual_attention_kernel": "auto"})
+# A row ranks kernels only where every variant's GPU is busy at least this share of its step:
+# there a kernel that is x% slower moves the step by at least 0.8 x x%, while host jitter can
+# only move the idle rest (at most a fifth). At 4-8k tokens per batch a base-size step is
+# about 40-50 ms of host work around a few ms of kernels (busy ~10%): its per-round ratios
+# ranged 0.5x-1.4x for every variant on one H200, residual paths off included.
+GPU_BOUND = 0.8
+HOST_BOUND_ROUNDS = 15  # a host-bound row's median needs at least this many rounds
 
 
 def make_dictionary(vocab):
@@ -61,13 +69,19 @@ def make_dictionary(vocab):
     return d
 
 
-def build_model(size, variant, dictionary, mode="sum", device="cpu", dtype=torch.float32, seed=0):
+def arch_args(size, variant, mode="sum"):
+    """``(arch, args)``: the arch's own defaults (its dropouts included) for ``variant``."""
     realformer, extra = VARIANTS[variant]
     arch = SIZES[size][1 if realformer else 0]
     args = argparse.Namespace(**SIZE_OVERRIDES.get(size, {}), **extra)
     if realformer:
         args.residual_attention_mode = mode
     ARCH_CONFIG_REGISTRY[arch](args)
+    return arch, args
+
+
+def build_model(size, variant, dictionary, mode="sum", device="cpu", dtype=torch.float32, seed=0):
+    arch, args = arch_args(size, variant, mode)
     task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
     torch.manual_seed(seed)  # same seed, same parameter names and order: same weights
     return ARCH_MODEL_REGISTRY[arch].build_model(args, task).to(device=device, dtype=dtype)
@@ -82,11 +96,6 @@ def random_batch(dictionary, bsz, src_len, tgt_len, device, seed=0):
     prev = torch.cat([torch.full((bsz, 1), dictionary.eos()), tgt[:, :-1]], dim=1)
     lengths = torch.full((bsz,), src_len)
     return src.to(device), lengths.to(device), prev.to(device), tgt.to(device)
-
-
-def _sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def adam(model):
@@ -223,8 +232,73 @@ def decode_seconds(model, dictionary, batch, beam, decode_len, device):
     return time.perf_counter() - start
 
 
-def run_config(size, length, variants, *, tokens, alternations, warmup, beam, decode_sentences,
-               decode_len, vocab, mode, device, dtype, memory=True, decode_alternations=None, log=print):
+def _cuda(device):
+    return torch.device(device).type == "cuda"
+
+
+def _sync(device):
+    if _cuda(device):
+        torch.cuda.synchronize()
+
+
+def timed_step(model, optimizer, batch, device):
+    """``(seconds, wall seconds)`` of one train step: CUDA events around it on CUDA (the
+    step's span on the GPU's stream), ``perf_counter`` on CPU (both values the same)."""
+    _sync(device)
+    start = time.perf_counter()
+    if not _cuda(device):
+        train_step(model, optimizer, batch)
+        wall = time.perf_counter() - start
+        return wall, wall
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    train_step(model, optimizer, batch)
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1000, time.perf_counter() - start
+
+
+def busy_length(intervals) -> float:
+    """The length of the union of ``(start, end)`` intervals (overlapping kernels count once)."""
+    total, reach = 0.0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+def gpu_busy_seconds(model, optimizer, batch, device):
+    """Seconds the GPU was busy during one train step (union of the device-kernel intervals
+    the profiler records), or None off CUDA or where it recorded none."""
+    if not _cuda(device):
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        train_step(model, optimizer, batch)
+        _sync(device)
+    intervals = [(e.time_range.start, e.time_range.end) for e in prof.events()
+                 if getattr(e, "device_type", None) == DeviceType.CUDA]
+    return busy_length(intervals) / 1e6 if intervals else None
+
+
+def per_round_ratios(config, variant, key="train_step_seconds_all"):
+    """``variant``'s speed as a multiple of vanilla's, one ratio per interleaved round."""
+    base = config["variants"].get("vanilla", {}).get(key) or []
+    mine = config["variants"].get(variant, {}).get(key) or []
+    return [b / m for b, m in zip(base, mine) if m]
+
+
+def run_config(size, length, variants, *, tokens, alternations, warmup, beam=4, decode_sentences=8,
+               decode_len=None, vocab, mode, device, dtype, memory=True, decode_alternations=0, log=print):
+    """One row: every variant's train steps interleaved round by round, the GPU's busy share
+    of one step each, memory, and (``decode_alternations`` > 0) beam search."""
     dictionary = make_dictionary(vocab)
     bsz = max(1, tokens // length)
     models = {v: build_model(size, v, dictionary, mode, device, dtype).train() for v in variants}
@@ -233,127 +307,156 @@ def run_config(size, length, variants, *, tokens, alternations, warmup, beam, de
         m.load_state_dict(first)
     optimizers = {v: adam(m) for v, m in models.items()}
     batch = random_batch(dictionary, bsz, length, length, device)
+    name = f"  {size} {tokens} tokens T={length} {str(dtype).replace('torch.', '')}"
     train = {v: [] for v in variants}
+    wall = {v: [] for v in variants}
     for r in range(warmup + alternations):
         for v, model in models.items():
-            _sync(device)
-            start = time.perf_counter()
-            train_step(model, optimizers[v], batch)
-            _sync(device)
+            seconds, w = timed_step(model, optimizers[v], batch, device)
             if r >= warmup:
-                train[v].append(time.perf_counter() - start)
-        log(f"  {size} T={length}: train round {r + 1}/{warmup + alternations}")
+                train[v].append(seconds)
+                wall[v].append(w)
+        log(f"{name}: train round {r + 1}/{warmup + alternations}")
+    busy = {v: gpu_busy_seconds(m, optimizers[v], batch, device) for v, m in models.items()}
     activations = {v: saved_activation_bytes(m, batch) / 2**20 for v, m in models.items()}
-    cuda = torch.device(device).type == "cuda"
     peaks = {}
-    if memory and cuda:
-        for v, m in models.items():
-            peaks[v] = cuda_peak_mb(m, optimizers[v], batch)
-            log(f"  {size} T={length}: peak memory {v} {peaks[v]:.0f} MiB")
-    decode_alternations = alternations if decode_alternations is None else decode_alternations
-    dec_batch = random_batch(dictionary, min(decode_sentences, bsz), length, length, device, seed=1)
+    if memory and _cuda(device):
+        peaks = {v: cuda_peak_mb(m, optimizers[v], batch) for v, m in models.items()}
     decode = {v: [] for v in variants}
-    for m in models.values():
-        m.eval()
-    for r in range(1 + decode_alternations):
-        for v, model in models.items():
-            t = decode_seconds(model, dictionary, dec_batch, beam, decode_len, device)
-            if r >= 1:
-                decode[v].append(t)
-        log(f"  {size} T={length}: decode round {r + 1}/{1 + decode_alternations}")
+    n_dec = min(decode_sentences, bsz)
+    if decode_alternations:
+        dec_batch = random_batch(dictionary, n_dec, length, length, device, seed=1)
+        for m in models.values():
+            m.eval()
+        for r in range(1 + decode_alternations):
+            for v, model in models.items():
+                t = decode_seconds(model, dictionary, dec_batch, beam, decode_len or min(length, 64), device)
+                if r >= 1:
+                    decode[v].append(t)
+            log(f"{name}: decode round {r + 1}/{1 + decode_alternations}")
+    args = arch_args(size, variants[0], mode)[1]
     del models, optimizers
-    if memory and not cuda:
-        for v in variants:
-            peaks[v] = peak_memory_mb(size, v, vocab, bsz, length, mode, device, dtype)
-            log(f"  {size} T={length}: peak memory {v} {peaks[v]:.0f} MiB")
-    n_dec = dec_batch[0].size(0)
-    out = {"size": size, "length": length, "batch_sentences": bsz, "train_tokens": bsz * length,
-           "decode_sentences": n_dec, "decode_len": decode_len,
-           "peak_memory": ("cuda max_memory_allocated, same process" if cuda else "process peak RSS rise")
-           if memory else None, "variants": {}}
-    base = "vanilla" if "vanilla" in variants else None
+    if memory and not _cuda(device):
+        peaks = {v: peak_memory_mb(size, v, vocab, bsz, length, mode, device, dtype) for v in variants}
+    out = {"size": size, "length": length, "dtype": str(dtype).replace("torch.", ""), "tokens_per_batch": tokens,
+           "batch_sentences": bsz, "train_tokens": bsz * length, "rounds": alternations,
+           "dropout": args.dropout, "attention_dropout": args.attention_dropout,
+           "timing": "CUDA events per step" if _cuda(device) else "perf_counter per step",
+           "peak_memory": ("cuda max_memory_allocated, same process" if _cuda(device) else "process peak RSS rise")
+           if memory else None, "decode_sentences": n_dec, "variants": {}}
     for v in variants:
-        tr, de = statistics.median(train[v]), statistics.median(decode[v])
+        tr = statistics.median(train[v])
         out["variants"][v] = {
-            "train_step_seconds": tr,
-            "train_tokens_per_second": bsz * length / tr,
-            "decode_sentences_per_second": n_dec / de,
-            "saved_activations_mib": activations[v],
-            "peak_memory_mib": peaks.get(v),
-            "train_step_seconds_all": train[v],
+            "train_step_seconds": tr, "train_tokens_per_second": bsz * length / tr,
+            "train_step_seconds_all": train[v], "train_wall_seconds_all": wall[v],
+            "gpu_busy_seconds": busy[v], "gpu_busy_fraction": None if busy[v] is None else min(1.0, busy[v] / tr),
+            "saved_activations_mib": activations[v], "peak_memory_mib": peaks.get(v),
+            "decode_sentences_per_second": n_dec / statistics.median(decode[v]) if decode[v] else None,
             "decode_seconds_all": decode[v],
         }
-    if base:
-        b = out["variants"][base]
-        for r in out["variants"].values():
-            r["train_speed_ratio"] = r["train_tokens_per_second"] / b["train_tokens_per_second"]
-            r["decode_speed_ratio"] = r["decode_sentences_per_second"] / b["decode_sentences_per_second"]
+    fractions = [r["gpu_busy_fraction"] for r in out["variants"].values()]
+    out["gpu_busy_min"] = None if None in fractions else min(fractions)
+    out["host_bound"] = None if out["gpu_busy_min"] is None else out["gpu_busy_min"] < GPU_BOUND
+    if "vanilla" in variants:
+        b = out["variants"]["vanilla"]
+        for v, r in out["variants"].items():
+            ratios = per_round_ratios(out, v)
+            r["train_speed_ratio"] = statistics.median(ratios)
+            r["train_speed_low"], r["train_speed_high"] = min(ratios), max(ratios)
+            decoded = per_round_ratios(out, v, "decode_seconds_all")
+            r["decode_speed_ratio"] = statistics.median(decoded) if decoded else None
             r["activation_ratio"] = r["saved_activations_mib"] / b["saved_activations_mib"]
             r["peak_memory_ratio"] = (r["peak_memory_mib"] / b["peak_memory_mib"]
                                       if r["peak_memory_mib"] and b["peak_memory_mib"] else None)
     return out
 
 
-def run_benchmark(sizes, lengths, variants, *, log=print, **kw):
-    configs = []
+def first_pass(size, variants, lengths, *, tokens, vocab, mode, device, dtype, log=print):
+    """One train step at each of ``lengths`` (none seen before), variants interleaved per
+    length, after one warm-up step at another length: the total per variant and its ratio to
+    vanilla's (what compiling kernels for new shapes costs a run whose batch lengths vary)."""
+    dictionary = make_dictionary(vocab)
+    models = {v: build_model(size, v, dictionary, mode, device, dtype).train() for v in variants}
+    optimizers = {v: adam(m) for v, m in models.items()}
+    warm = random_batch(dictionary, max(1, tokens // 64), 64, 64, device)
+    for v, m in models.items():
+        timed_step(m, optimizers[v], warm, device)
+    seconds = {v: [] for v in variants}
+    for i, length in enumerate(lengths):
+        batch = random_batch(dictionary, max(1, tokens // length), length, length, device, seed=i)
+        for v, m in models.items():
+            seconds[v].append(timed_step(m, optimizers[v], batch, device)[1])
+        log(f"  first pass: T={length} ({i + 1}/{len(lengths)})")
+    totals = {v: sum(s) for v, s in seconds.items()}
+    return {"size": size, "dtype": str(dtype).replace("torch.", ""), "tokens_per_batch": tokens,
+            "lengths": list(lengths), "seconds_all": seconds, "seconds": totals,
+            "ratio_to_vanilla": {v: t / totals["vanilla"] for v, t in totals.items()} if "vanilla" in totals else None}
+
+
+def row_key(config):
+    return config["size"], config["tokens_per_batch"], config["length"], config["dtype"]
+
+
+def run_benchmark(sizes, tokens, lengths, dtypes, variants, *, deadline=None, done=(), on_row=None, log=print, **kw):
+    """Every (size, tokens, T, dtype) row not in ``done`` (row keys), in that order;
+    ``on_row(config)`` after each; with ``deadline`` (a ``time.time()``), rows that would
+    start after it are listed in ``not_run``."""
+    configs, not_run = [], []
     for size in sizes:
-        for length in lengths:
-            log(f"{size} T={length}")
-            configs.append(run_config(size, length, variants, log=log, **kw))
-    return {"configs": configs}
+        for tok in tokens:
+            for dtype in dtypes:
+                for length in lengths:
+                    key = (size, tok, length, str(dtype).replace("torch.", ""))
+                    if key in done:
+                        continue
+                    if deadline is not None and time.time() > deadline:
+                        not_run.append(list(key))
+                        continue
+                    log(" ".join(map(str, key)))
+                    config = run_config(size, length, variants, tokens=tok, dtype=dtype, log=log, **kw)
+                    configs.append(config)
+                    if on_row:
+                        on_row(config)
+    return {"configs": configs, "not_run": not_run}
 
 
-def _range(values, digits):
-    return f"{min(values):.{digits}f}–{max(values):.{digits}f}"
+def _f(x, digits=2):
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def markdown_table(result):
-    """One row per (size, length, variant): speed (median over the timed rounds, min-max in
-    brackets) and memory, each with its ratio to vanilla. A speed ratio's bracket is the
-    min-max of the per-round ratios (rounds are interleaved, so round r of every variant ran
-    under the same load); a ratio whose bracket contains 1.00 is within the noise."""
-    lines = [
-        "| size | T | variant | train tok/s (min–max) | x vanilla (per-round min–max) | peak MiB | x vanilla "
-        "| saved act. MiB | x vanilla | beam sent/s (min–max) | x vanilla (per-round min–max) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-
-    def ratio(r, key):
-        return f"{r[key]:.2f}" if r.get(key) is not None else "-"
-
-    def rounds(c, v, key, work):
-        return [work / t for t in c["variants"][v].get(key) or []]
-
-    def speed(c, v, key, work, digits, median):
-        per_round = rounds(c, v, key, work)
-        return f"{median:.{digits}f}" + (f" ({_range(per_round, digits)})" if per_round else "")
-
-    def speed_ratio(c, v, key, work, median_ratio):
-        base, mine = rounds(c, "vanilla", key, work), rounds(c, v, key, work)
-        text = "-" if median_ratio is None else f"{median_ratio:.2f}"
-        if v == "vanilla" or not base or len(base) != len(mine):
-            return text
-        return text + f" ({_range([m / b for m, b in zip(mine, base)], 2)})"
-
+    """One line per (row, variant): tokens per batch beside every row; train speed with the
+    median of the per-round ratios to vanilla and their range; the GPU's busy share of a step;
+    memory. A host-bound row (GPU busy below ``GPU_BOUND``) says it does not rank kernels."""
+    lines = ["| size | tokens/batch | T | dtype | variant | train tok/s | x vanilla: median (range), rounds "
+             "| GPU busy | peak MiB | x vanilla | saved MiB | beam sent/s | x vanilla |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in result["configs"]:
-        tokens = c["batch_sentences"] * c["length"]
         for v, r in c["variants"].items():
-            peak = f"{r['peak_memory_mib']:.0f}" if r.get("peak_memory_mib") else "-"
-            lines.append(
-                f"| {c['size']} | {c['length']} | {v} "
-                f"| {speed(c, v, 'train_step_seconds_all', tokens, 0, r['train_tokens_per_second'])} | "
-                f"{speed_ratio(c, v, 'train_step_seconds_all', tokens, r.get('train_speed_ratio'))} | {peak} | "
-                f"{ratio(r, 'peak_memory_ratio')} | {r['saved_activations_mib']:.0f} | {ratio(r, 'activation_ratio')} "
-                f"| {speed(c, v, 'decode_seconds_all', c['decode_sentences'], 2, r['decode_sentences_per_second'])} | "
-                f"{speed_ratio(c, v, 'decode_seconds_all', c['decode_sentences'], r.get('decode_speed_ratio'))} |"
-            )
-    return "\n".join(lines) + "\n"
+            ratio = (f"{_f(r.get('train_speed_ratio'))} ({_f(r.get('train_speed_low'))}-"
+                     f"{_f(r.get('train_speed_high'))}), {c.get('rounds', len(r['train_step_seconds_all']))}")
+            busy = "-" if r.get("gpu_busy_fraction") is None else f"{100 * r['gpu_busy_fraction']:.0f}%"
+            lines.append(f"| {c['size']} | {c.get('tokens_per_batch') or c.get('train_tokens')} | {c['length']} | "
+                         f"{c.get('dtype', result.get('dtype'))} | {v} | {r['train_tokens_per_second']:.0f} | {ratio} | "
+                         f"{busy} | {_f(r.get('peak_memory_mib'), 0)} | {_f(r.get('peak_memory_ratio'))} | "
+                         f"{r['saved_activations_mib']:.0f} | {_f(r.get('decode_sentences_per_second'))} | "
+                         f"{_f(r.get('decode_speed_ratio'))} |")
+    notes = [f"- {c['size']}, {c['tokens_per_batch']} tokens, T = {c['length']}, {c['dtype']}: host-bound (GPU busy "
+             f"{100 * c['gpu_busy_min']:.0f}% of a step at least once, below {100 * GPU_BOUND:.0f}%): it does not rank "
+             "kernels" for c in result["configs"] if c.get("host_bound")]
+    notes += [f"- not run (deadline): {' '.join(map(str, k))}" for k in result.get("not_run", [])]
+    for p in result.get("first_pass", []):
+        notes.append(f"- first pass over {len(p['lengths'])} new lengths ({p['size']}, {p['dtype']}, "
+                     f"{p['tokens_per_batch']} tokens): " + ", ".join(
+                         f"{v} {s:.1f}s" + (f" ({p['ratio_to_vanilla'][v]:.2f}x)" if p['ratio_to_vanilla'] else "")
+                         for v, s in p["seconds"].items()))
+    return "\n".join(lines) + "\n" + ("\n" + "\n".join(notes) + "\n" if notes else "")
 
 
 def markdown(result):
     """The whole Markdown file: command, machine and ``markdown_table``."""
     return (f"Command: `{result['command']}`  \nMachine: {result['machine']}, torch {result['torch']}, "
-            f"{result['threads']} threads, {result['device']} {result['dtype']}\n\n{markdown_table(result)}")
+            f"{result['threads']} threads, {result.get('gpu') or result['device']}\n\n{markdown_table(result)}")
 
 
 def write(result, json_path=None, md_path=None):
@@ -362,4 +465,4 @@ def write(result, json_path=None, md_path=None):
             json.dump(result, f, indent=2)
     if md_path:
         with open(md_path, "w") as f:
-            f.write(markdown_table(result))
+            f.write(markdown(result))
