@@ -436,8 +436,9 @@ def markdown_table(result):
             ratio = (f"{_f(r.get('train_speed_ratio'))} ({_f(r.get('train_speed_low'))}-"
                      f"{_f(r.get('train_speed_high'))}), {c.get('rounds', len(r['train_step_seconds_all']))}")
             busy = "-" if r.get("gpu_busy_fraction") is None else f"{100 * r['gpu_busy_fraction']:.0f}%"
-            lines.append(f"| {c['size']} | {c.get('tokens_per_batch') or c.get('train_tokens')} | {c['length']} | "
-                         f"{c.get('dtype', result.get('dtype'))} | {v} | {r['train_tokens_per_second']:.0f} | {ratio} | "
+            tokens, dtype = c.get("tokens_per_batch") or c.get("train_tokens"), c.get("dtype", result.get("dtype"))
+            lines.append(f"| {c['size']} | {tokens} | {c['length']} | {dtype} | {v} | "
+                         f"{r['train_tokens_per_second']:.0f} | {ratio} | "
                          f"{busy} | {_f(r.get('peak_memory_mib'), 0)} | {_f(r.get('peak_memory_ratio'))} | "
                          f"{r['saved_activations_mib']:.0f} | {_f(r.get('decode_sentences_per_second'))} | "
                          f"{_f(r.get('decode_speed_ratio'))} |")
