@@ -1,9 +1,14 @@
 """Bad configuration gets one clear line naming the flag or file, exit non-zero, no
-traceback, and nothing written; changed residual settings on load get a warning."""
+traceback, and nothing written; changed residual settings on load get a warning.
+
+The tools run in this process (``tests/inprocess.py``: the console command's own function, its
+stdout, stderr and exit status as a subprocess gives them); tests/test_error_lines.py and
+tests/test_startup_errors.py see one-line errors of the console commands in subprocesses."""
 
 import pytest
-from cli_helpers import TINY_FLAGS, run
+from cli_helpers import TINY_FLAGS
 from conftest import USER_DIR
+from inprocess import run_in_process as run
 
 
 def assert_one_line_error(proc, *words):

@@ -1,0 +1,217 @@
+"""Running fairseq's command-line tools (and this project's) inside the test process.
+
+A fairseq tool started as a subprocess pays about 4 s for importing fairseq and torch before it
+does anything; most tests start one only to train a tiny model, translate with it or see how it
+fails. :func:`run_in_process` runs the same console command's function (``fairseq-train`` ->
+``fairseq_cli.train:cli_main``, found through the installed entry points, as the console script
+finds it) with that argv, and hands back what a subprocess would: a
+``subprocess.CompletedProcess`` with its exit status, stdout and stderr.
+
+What a subprocess gives for free is made here, and undone after each call:
+
+* ``sys.argv`` (``[<venv>/bin/<tool>, *args]``), ``sys.stdin`` (``input``), ``sys.stdout`` and
+  ``sys.stderr`` (captured), the environment (``env`` added, then restored whole), the working
+  directory (``cwd``);
+* logging as fairseq's tools set it up on import (the root logger at INFO, one handler writing
+  fairseq's format to stdout); every logger's level and handlers come back afterwards;
+* the random generators (torch, numpy, random), torch's thread count (one, as
+  ``conftest.cli_env`` gives the subprocesses) and default dtype, ``sys.excepthook``;
+* fairseq's process-wide state: ``checkpoint_utils.save_checkpoint.best`` (the best score of
+  the previous run) goes before and after each call. A module a ``--user-dir`` imports stays
+  imported with what it registered, as in fairseq's own in-process tests: fairseq keeps its
+  registries' class names where nothing can remove them, so the next call finds it imported;
+* an exception that leaves the tool is handed to ``sys.excepthook`` with stderr captured (what
+  Python does at a process's top level: with the one-line error hook, one line) and the exit
+  status is 1; ``SystemExit`` gives its code.
+
+The fixes to fairseq: with ``fixes=True`` (the default, as every fairseq tool the suite starts)
+the call runs inside ``realformer_tools.launch.fixes_installed(data_fixes=..., cpu_bf16=...)``
+when the launcher exists, and is the launcher's own ``main`` for a fairseq command (the same
+code as ``realformer-fairseq <command> ...``). Before the launcher existed the fixes were
+installed in the test process by ``tests/conftest.py``'s switches, and the call uses those.
+
+Isolation is the point of some tests (a crash, a signal, ``kill -9``, several ranks, the console
+scripts as a user runs them, the plugin imported into a clean process): those keep subprocesses.
+A call that trains is refused in a test not marked ``slow``, as ``conftest`` refuses a training
+subprocess.
+"""
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import logging
+import os
+import random
+import subprocess
+import sys
+import warnings
+from importlib.metadata import entry_points
+
+import conftest
+import numpy as np
+import pytest
+import torch
+
+FAIRSEQ_LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq_cli/*.py
+FAIRSEQ_DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+def console_function(tool):
+    """The function the console script ``tool`` calls (``module:function`` of its entry point)."""
+    matches = [ep for ep in entry_points(group="console_scripts") if ep.name == tool]
+    if not matches:
+        raise LookupError(f"no console command {tool!r} installed in this environment")
+    return matches[0].load()
+
+
+def _launcher():
+    """``realformer_tools.launch`` of the checkout under test, or None where it has none."""
+    spec = importlib.util.find_spec("realformer_tools.launch")
+    if spec is None or not str(spec.origin).startswith(str(conftest.REPO)):
+        return None
+    return importlib.import_module("realformer_tools.launch")
+
+
+def _exit_code(code):
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message"): Python prints it, status 1
+    return 1
+
+
+class _ProcessState:
+    """Everything a tool run may change in this process, saved and put back."""
+
+    def __init__(self):
+        self.argv, self.stdin, self.excepthook = list(sys.argv), sys.stdin, sys.excepthook
+        self.environ, self.cwd = dict(os.environ), os.getcwd()
+        self.torch_rng, self.np_rng, self.py_rng = torch.get_rng_state(), np.random.get_state(), random.getstate()
+        self.threads, self.dtype = torch.get_num_threads(), torch.get_default_dtype()
+        root = logging.getLogger()
+        self.root_handlers, self.root_level = list(root.handlers), root.level
+        self.loggers = {name: (lg.level, list(lg.handlers), lg.propagate, lg.disabled)
+                        for name, lg in logging.Logger.manager.loggerDict.items()
+                        if isinstance(lg, logging.Logger)}
+        self.logging_disable = logging.root.manager.disable
+
+    def restore(self, added_handlers=()):
+        sys.argv[:], sys.stdin, sys.excepthook = self.argv, self.stdin, self.excepthook
+        os.chdir(self.cwd)
+        os.environ.clear()
+        os.environ.update(self.environ)
+        torch.set_rng_state(self.torch_rng)
+        np.random.set_state(self.np_rng)
+        random.setstate(self.py_rng)
+        torch.set_num_threads(self.threads)
+        torch.set_default_dtype(self.dtype)
+        root = logging.getLogger()
+        for handler in root.handlers:
+            if handler not in self.root_handlers:
+                handler.close()
+        root.handlers[:] = self.root_handlers
+        root.setLevel(self.root_level)
+        for name, lg in logging.Logger.manager.loggerDict.items():
+            if not isinstance(lg, logging.Logger):
+                continue
+            level, handlers, propagate, disabled = self.loggers.get(name, (logging.NOTSET, [], True, False))
+            for handler in lg.handlers:
+                if handler not in handlers:
+                    handler.close()
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate, lg.disabled = propagate, disabled
+        logging.disable(self.logging_disable)
+        _reset_fairseq_globals()
+
+
+def _reset_fairseq_globals():
+    from fairseq import checkpoint_utils
+
+    if hasattr(checkpoint_utils.save_checkpoint, "best"):
+        del checkpoint_utils.save_checkpoint.best
+
+
+def _refuse_unmarked_training(tool, args):
+    item = conftest._current_item
+    if item is not None and conftest.starts_training([tool, *args]) and item.get_closest_marker("slow") is None:
+        pytest.fail(f"{item.nodeid} trains in process ({tool} ...): mark it @pytest.mark.slow "
+                    "(make test-fast leaves those out)", pytrace=False)
+
+
+def _fairseq_logging(stream):
+    """Root logger as fairseq_cli's modules configure it on import (``logging.basicConfig``)."""
+    root = logging.getLogger()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter(FAIRSEQ_LOG_FORMAT, FAIRSEQ_DATE_FORMAT))
+    root.handlers[:] = [handler]
+    root.setLevel(os.environ.get("LOGLEVEL", "INFO").upper())
+    return handler
+
+
+def _call(tool, args, fixes, data_fixes, cpu_bf16):
+    """The tool's exit status (a ``SystemExit`` or an exception leaves it). A fairseq command
+    with the fixes is the launcher's ``main`` (``realformer-fairseq [--data-fixes] [--cpu-bf16]
+    <command> ...``); another command with the fixes runs inside ``fixes_installed``."""
+    launch = _launcher() if fixes else None
+    if launch is None:
+        return console_function(tool)()
+    for name in ("REALFORMER_NMT_DATA_FIXES", "REALFORMER_NMT_CPU_BF16"):
+        os.environ.pop(name, None)  # only the arguments say which fixes this run gets
+    if tool in launch.fairseq_commands():
+        flags = ["--data-fixes"] * data_fixes + ["--cpu-bf16"] * cpu_bf16
+        return launch.main([*flags, tool, *args])
+    with launch.fixes_installed(data_fixes=data_fixes, cpu_bf16=cpu_bf16, quiet=True):
+        return console_function(tool)()
+
+
+def _show_warning(stream):
+    def show(message, category, filename, lineno, file=None, line=None):
+        stream.write(warnings.formatwarning(message, category, filename, lineno, line))
+    return show
+
+
+def run_in_process(tool, *args, check=True, input=None, env=None, cwd=None, fixes=True, data_fixes=True,
+                   cpu_bf16=False, threads=1):
+    """Run the console command ``tool`` with ``args`` in this process, as ``cli_helpers.run`` runs
+    it in a subprocess; returns ``subprocess.CompletedProcess(argv, returncode, stdout, stderr)``.
+
+    ``fixes``/``data_fixes``/``cpu_bf16``: the fixes to fairseq the run gets (module docstring).
+    ``env``: variables added for the call. ``threads``: torch's intra-op threads meanwhile.
+    """
+    args = [str(a) for a in args]
+    _refuse_unmarked_training(tool, args)
+    console_function(tool)  # an unknown command fails here, not as the tool's exit status
+    argv = [str(conftest.BIN / tool), *args]
+    out, err = io.StringIO(), io.StringIO()
+    state = _ProcessState()
+    code = 0
+    try:
+        sys.argv[:] = argv
+        sys.stdin = io.StringIO(input or "")
+        os.environ.update({k: str(v) for k, v in (env or {}).items()})
+        if cwd is not None:
+            os.chdir(cwd)
+        torch.set_num_threads(threads)
+        _reset_fairseq_globals()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            # as a fresh process shows them: once per place, on stderr when raised
+            warnings.simplefilter("default")
+            warnings.showwarning = _show_warning(err)
+            _fairseq_logging(out)
+            try:
+                result = _call(tool, args, fixes, data_fixes, cpu_bf16)
+                code = _exit_code(result if isinstance(result, int) else None)
+            except SystemExit as e:
+                code = _exit_code(e.code)
+            except Exception:  # what Python does with an uncaught exception at the top level
+                sys.excepthook(*sys.exc_info())
+                code = 1
+    finally:
+        state.restore()
+    proc = subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"{tool} failed in process ({code}):\n{proc.stderr[-3000:]}\n{proc.stdout[-2000:]}")
+    return proc
