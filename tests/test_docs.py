@@ -18,7 +18,8 @@ run as written, as far as that can be checked in seconds without training anythi
 
 How commands are read from a bash block: lines ending in ``\\`` are joined, ``# comments``
 dropped, a line is cut at ``;``, ``&&``, ``||``, ``|`` and ``&``; leading ``VAR=value``
-assignments, ``do``/``then`` and ``export`` are set aside, and ``$VAR`` takes the value
+assignments, ``do``/``then``, ``export`` and the launcher ``realformer-fairseq [--data-fixes]
+[--cpu-bf16]`` are set aside (the fairseq command it runs is checked), and ``$VAR`` takes the value
 the block gave it (``DIR=...``, ``export A=... B=...``, ``for R in 0 1`` -> 0). A ``...``
 argument stands for "more of the same" and is left out; a command with an ``<angle>``
 placeholder is skipped, as are ``fairseq-hydra-train`` (Hydra overrides, not flags) and
@@ -141,6 +142,9 @@ REDIRECTIONS = re.compile(r"^(<|<<|\d?>.*|&>.*)$")  # <, >, >>, 2>, >file (a <pl
 PLACEHOLDER = re.compile(r"^<[^<>]+>$")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
+# the launcher that runs a fairseq command with the fixes to fairseq 0.12 (realformer_tools/launch.py)
+LAUNCHERS = ("realformer-fairseq",)
+LAUNCHER_FLAGS = ("--data-fixes", "--cpu-bf16")
 
 
 def logical_lines(code):
@@ -201,6 +205,10 @@ def commands(code):
                 name, _, value = part[0].partition("=")
                 variables[name] = VARIABLE.sub(lambda m: variables.get(m.group(1), m.group(0)), value)
                 part = part[1:]
+            if part and part[0] in LAUNCHERS:  # the fairseq command it runs is what gets checked
+                part = part[1:]
+                while part and part[0] in LAUNCHER_FLAGS:
+                    part = part[1:]
             if not part:
                 continue
             if any(PLACEHOLDER.match(w) for w in part):
@@ -502,12 +510,14 @@ def test_command_reader_joins_continuations_substitutes_variables_and_skips_plac
         "OMP_NUM_THREADS=2 python scripts/benchmark_speed.py --tokens 2048 ...  # more",
         "python scripts/x.py --save-dir '<run_dir>'",
         "echo hi | fairseq-interactive data --beam 5 > out.txt",
+        "realformer-fairseq --data-fixes fairseq-generate data --beam 5 > out.txt",
     ])
     found = [words for words, _ in commands(code)]
     assert ["fairseq-train", "data", "--distributed-rank", "0", "--restore-file", "checkpoints/x/model.pt"] in found
     assert ["python", "scripts/benchmark_speed.py", "--tokens", "2048"] in found
     assert None in found  # the placeholder command
     assert ["fairseq-interactive", "data", "--beam", "5"] in found
+    assert ["fairseq-generate", "data", "--beam", "5"] in found  # the launcher set aside
 
 
 def test_checks_refuse_a_misspelt_flag():
@@ -760,28 +770,41 @@ def test_the_first_screen_says_what_it_is_whether_it_helps_and_the_two_commands_
     assert "load 2" not in first  # busy-machine figures live in the docs
 
 
+def _quoted(summary, digits):
+    low, high = summary["ci95"]
+    return (f"{summary['mean']:+.{digits}f} ± {summary['sd']:.{digits}f}", f"{low:+.{digits}f} to {high:+.{digits}f}")
+
+
 def test_the_headline_quotes_the_committed_summaries_and_claims_no_more_than_their_intervals():
+    """Three bullets: the paper's RealFormer on Post-LN first, residual attention on Pre-LN
+    second, what the runs do not say third. Every "mean ± sd" (two decimals for BLEU, three
+    for losses) is a committed seed-paired summary, quoted with its own 95% interval and the
+    number of its seeds (all of them: a study's three seeds, not two); a bullet whose first
+    interval holds zero claims no gain in its bold lead."""
     summaries = seed_paired_summaries()
-    quoted = {f"{s['mean']:+.2f} ± {s['sd']:.2f}": s for s in summaries}
+    quoted = {}
+    for s in summaries:
+        for digits in (2, 3):
+            pair, interval = _quoted(s, digits)
+            quoted.setdefault(pair, []).append((interval, len(s["seeds"]), s["ci95"]))
     bullets = [line for line in headline().splitlines() if line.startswith("- ")]
     assert len(bullets) == 3, bullets
+    assert "Post-LN" in bullets[0].split("**")[1] and "paper" in bullets[0].split("**")[1], bullets[0]
+    assert "Pre-LN Transformer" in bullets[1].split("**")[1], bullets[1]
+    assert "does not say" in bullets[2].split("**")[1] and "paper's size" in bullets[2], bullets[2]
     for bullet in bullets:
-        pairs = re.findall(r"[+-]\d+\.\d\d ± \d+\.\d\d", bullet)
+        pairs = re.findall(r"[+-]\d+\.\d{2,3} ± \d+\.\d{2,3}", bullet)
         for pair in pairs:
             assert pair in quoted, f"{pair} is in no committed results/*.json: {bullet}"
+            own = [interval in bullet and f"{NUMBER_WORDS[n]} seeds" in bullet for interval, n, _ in quoted[pair]]
+            assert any(own), f"{pair} without its own 95% interval or its number of seeds: {bullet}"
         if not pairs:
             continue
-        first = quoted[pairs[0]]
-        low, high = first["ci95"]
-        interval = f"{low:+.2f} to {high:+.2f}"
-        if interval in bullet and "seeds" in bullet:
-            assert f"{NUMBER_WORDS[len(first['seeds'])]} seeds" in bullet, bullet
+        low, high = next(ci for interval, _, ci in quoted[pairs[0]] if interval in bullet)
         lead = bullet.split("**")[1]
         if low <= 0 <= high:  # an interval that holds zero claims nothing
             assert not re.search(r"\babout\b|\bgain|\bhelps?\b", lead), bullet
-        else:
-            assert interval in bullet, f"a claimed effect quotes its interval: {bullet}"
-    gain = next(b for b in bullets if "Pre-LN Transformer" in b)
+    gain = bullets[1]
     import json
 
     committed = json.loads((REPO / "results" / "multi30k_en_de.json").read_text())["realformer_preln"]
@@ -797,7 +820,9 @@ def test_the_troubleshooting_box_quotes_what_fairseq_prints_without_the_plugin(t
     box = [line for line in text.splitlines() if line.startswith("> ")]
     assert len(box) == 4, box
     box = "\n".join(box)
-    assert "`export REALFORMER_NMT_FAIRSEQ_FIXES=1`" in box  # what loads a checkpoint on torch >= 2.6
+    # what loads a checkpoint on torch >= 2.6: the launcher (no switch to export: the README names none)
+    assert "`realformer-fairseq fairseq-generate ...`" in box and "`realformer-fairseq <command>`" in box
+    assert "REALFORMER_NMT_FAIRSEQ_FIXES" not in text
     assert "`UnpicklingError: Weights only load failed`" in box and "`fairseq-generate`" in box
     assert "`argument --arch/-a: invalid choice: 'realformer_transformer'`" in box and "`fairseq-train`" in box
     assert "`--user-dir realformer_nmt`" in box and '`--user-dir "$(realformer-nmt-user-dir)"`' in box
@@ -817,7 +842,8 @@ options.parse_args_and_arch(options.get_training_parser(), ["data", "--arch", "r
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stdout.startswith("UnpicklingError: Weights only load failed"), proc.stdout
     assert "argument --arch/-a: invalid choice: 'realformer_transformer'" in proc.stderr.splitlines()[-1]
-    # the box's fix: --user-dir and the switch, and fairseq loads it (weights only)
+    # the box's fix: --user-dir and the launcher's fixes (realformer_tools.launch, in process), and fairseq loads
+    # it (weights only); the plugin alone does not, nor fairseq once the launcher has restored what it replaced
     fixed = f"""
 import argparse, torch
 from omegaconf import OmegaConf
@@ -827,9 +853,20 @@ torch.save({{"args": None, "cfg": OmegaConf.create({{"model": {{"arch": "realfor
             "optimizer_history": [{{"criterion_name": "c", "optimizer_name": "o", "lr_scheduler_state": {{}},
                                     "num_updates": 0}}], "extra_state": {{"train_iterator": None}}}}, path)
 utils.import_user_module(argparse.Namespace(user_dir={str(USER_DIR)!r}))
-print(checkpoint_utils.load_checkpoint_to_cpu(path)["cfg"].model.arch)
+def load():
+    try:
+        return checkpoint_utils.load_checkpoint_to_cpu(path)["cfg"].model.arch
+    except Exception as exc:
+        return type(exc).__name__
+from realformer_tools.launch import fixes_installed
+print("plugin alone:", load())
+with fixes_installed():
+    print("launcher:", load())
+print("after:", load())
 """
     env = {k: v for k, v in os.environ.items() if not k.startswith("REALFORMER_NMT_")}
     proc = subprocess.run([sys.executable, "-c", fixed], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env=dict(env, REALFORMER_NMT_FAIRSEQ_FIXES="1"))
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("realformer_transformer"), proc.stderr[-2000:]
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-3:] == ["plugin alone: UnpicklingError", "launcher: realformer_transformer",
+                                             "after: UnpicklingError"], proc.stdout + proc.stderr[-2000:]
