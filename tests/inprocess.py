@@ -141,14 +141,19 @@ def _refuse_unmarked_training(tool, args):
                     "(make test-fast leaves those out)", pytrace=False)
 
 
-def _fairseq_logging(stream):
-    """Root logger as fairseq_cli's modules configure it on import (``logging.basicConfig``)."""
+def _fresh_logging(tool, stream):
+    """The root logger as a fresh process running ``tool`` has it before ``main``: for a fairseq
+    command as fairseq_cli's modules configure it on import (``logging.basicConfig``: INFO, one
+    handler writing to stdout), for another command none (WARNING, no handler: the command
+    configures its own)."""
     root = logging.getLogger()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter(FAIRSEQ_LOG_FORMAT, FAIRSEQ_DATE_FORMAT))
-    root.handlers[:] = [handler]
-    root.setLevel(os.environ.get("LOGLEVEL", "INFO").upper())
-    return handler
+    root.handlers[:] = []
+    root.setLevel(logging.WARNING)
+    if tool.startswith("fairseq-"):
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter(FAIRSEQ_LOG_FORMAT, FAIRSEQ_DATE_FORMAT))
+        root.handlers[:] = [handler]
+        root.setLevel(os.environ.get("LOGLEVEL", "INFO").upper())
 
 
 def _call(tool, args, fixes, data_fixes, cpu_bf16):
@@ -174,17 +179,19 @@ def _show_warning(stream):
 
 
 def run_in_process(tool, *args, check=True, input=None, env=None, cwd=None, fixes=True, data_fixes=True,
-                   cpu_bf16=False, threads=1):
+                   cpu_bf16=False, threads=1, argv0=None):
     """Run the console command ``tool`` with ``args`` in this process, as ``cli_helpers.run`` runs
     it in a subprocess; returns ``subprocess.CompletedProcess(argv, returncode, stdout, stderr)``.
 
     ``fixes``/``data_fixes``/``cpu_bf16``: the fixes to fairseq the run gets (module docstring).
     ``env``: variables added for the call. ``threads``: torch's intra-op threads meanwhile.
+    ``argv0``: ``sys.argv[0]`` (default ``<venv>/bin/<tool>``), e.g. the script under ``scripts/``
+    that runs the same function, whose name argparse prints.
     """
     args = [str(a) for a in args]
     _refuse_unmarked_training(tool, args)
     console_function(tool)  # an unknown command fails here, not as the tool's exit status
-    argv = [str(conftest.BIN / tool), *args]
+    argv = [str(argv0 or conftest.BIN / tool), *args]
     out, err = io.StringIO(), io.StringIO()
     state = _ProcessState()
     code = 0
@@ -200,7 +207,7 @@ def run_in_process(tool, *args, check=True, input=None, env=None, cwd=None, fixe
             # as a fresh process shows them: once per place, on stderr when raised
             warnings.simplefilter("default")
             warnings.showwarning = _show_warning(err)
-            _fairseq_logging(out)
+            _fresh_logging(tool, out)
             try:
                 result = _call(tool, args, fixes, data_fixes, cpu_bf16)
                 code = _exit_code(result if isinstance(result, int) else None)

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from conftest import MULTI30K, require_shared_data
+from inprocess import run_in_process
 
 from realformer_tools.data import corpora, multi30k, pipeline, synthetic_en_de
 
@@ -188,12 +189,14 @@ def test_prepare_small_synthetic(tmp_path):
     assert len(pieces) == 300 and all("\u2581" in p for p in pieces)
 
 
+SCRIPT = os.path.join(REPO, "scripts", "prepare_data.py")
+
+
 def _run_script(*args):
-    """prepare_data.py as a user runs it: the suite's data-fixes switch (whose announcement is a
-    log line of its own) is not part of the command's output under test."""
-    env = dict(os.environ, REALFORMER_NMT_DATA_FIXES="0")
-    return subprocess.run([sys.executable, os.path.join(REPO, "scripts", "prepare_data.py"), *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
+    """prepare_data.py's ``main`` in this process (tests/inprocess.py: its stdout, stderr and exit
+    status as a subprocess gives them), without the fixes to fairseq, as a user runs it;
+    test_prepare_data_cli_help runs the script itself."""
+    return run_in_process("realformer-prepare-data", *args, check=False, cwd=REPO, fixes=False, argv0=SCRIPT)
 
 
 def test_prepare_data_cli_bad_raw_dir_is_one_line(tmp_path):
@@ -206,7 +209,10 @@ def test_prepare_data_cli_bad_raw_dir_is_one_line(tmp_path):
 
 
 def test_prepare_data_cli_help():
-    proc = _run_script("--help")
+    """The script as a user runs it, in its own process."""
+    env = dict(os.environ, REALFORMER_NMT_DATA_FIXES="0")
+    proc = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env=env)
     assert proc.returncode == 0 and "--raw-dir" in proc.stdout and "--corpus" in proc.stdout
 
 
