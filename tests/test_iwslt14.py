@@ -14,6 +14,7 @@ import sys
 import pytest
 import sacrebleu
 from conftest import REPO, cli_env
+from inprocess import run_in_process
 from iwslt14_fixture import write_archive
 
 from realformer_nmt.errors import ConfigError, DataError
@@ -28,8 +29,12 @@ def _lines(path):
         return f.read().splitlines()
 
 
+SCRIPT = REPO / "scripts" / "prepare_data.py"
+
+
 def _script(*args):
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "prepare_data.py"), *map(str, args)],
+    """The script as a user runs it, in its own process."""
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)],
                           capture_output=True, text=True, env=cli_env(), timeout=300)
 
 
@@ -235,7 +240,10 @@ def test_a_missing_or_misaligned_file_is_named(tmp_path):
 def test_prepare_data_cli_iwslt14_errors_are_one_line(tmp_path, args, needle):
     (tmp_path / "empty").mkdir()
     args = [a.format(empty=tmp_path / "empty") for a in args]
-    proc = _script(*args, "--dest", tmp_path / "dest")
+    # its main in this process (tests/inprocess.py: stdout, stderr and exit status as a subprocess
+    # gives them); the module fixture `prepared` runs the script itself
+    proc = run_in_process("realformer-prepare-data", *args, "--dest", tmp_path / "dest", check=False, fixes=False,
+                          argv0=SCRIPT)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
