@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 from conftest import MULTI30K, REPO, cli_env, require_shared_data
+from inprocess import run_in_process
 
 SCRIPT = REPO / "scripts" / "prepare_finetune_data.py"
 SENTENCES = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song",
@@ -38,8 +39,13 @@ def prepare(tmp_path, pretrained_dir, files, *flags):
     args = ["--pretrained-data", pretrained_dir, "--out", tmp_path / "out"]
     for split, path in paths.items():
         args += [f"--{split}", path]
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args), *flags], capture_output=True,
-                          text=True, env=cli_env(), timeout=300)
+    return script(*args, *flags)
+
+
+def script(*args):
+    """The script's main in this process (tests/inprocess.py: stdout, stderr and exit status as a
+    subprocess gives them); run_multi30k runs the script itself, in its own process."""
+    return run_in_process("realformer-prepare-finetune-data", *args, check=False, fixes=False, argv0=SCRIPT)
 
 
 def load(out, split, **cfg):
@@ -108,9 +114,8 @@ def test_missing_files_are_one_line(pretrained, tmp_path):
     root, _ = pretrained
     proc = prepare(tmp_path, tmp_path, {"train": ["a\tx"], "valid": ["a\tx"]})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no dict.txt" in proc.stderr
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--pretrained-data", str(root), "--train",
-                           str(tmp_path / "nope.tsv"), "--valid", str(tmp_path / "nope.tsv"), "--out",
-                           str(tmp_path / "o")], capture_output=True, text=True, env=cli_env(), timeout=300)
+    proc = script("--pretrained-data", root, "--train", tmp_path / "nope.tsv", "--valid", tmp_path / "nope.tsv",
+                  "--out", tmp_path / "o")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "nope.tsv: no such file" in proc.stderr
 
 
@@ -169,6 +174,7 @@ def expected_captions(raw, split):
 
 
 def run_multi30k(raw, pretrained, out, *flags):
+    """The script as a user runs it, in its own process."""
     return subprocess.run([sys.executable, str(SCRIPT), "--pretrained-data", str(pretrained), "--multi30k",
                            str(raw), "--out", str(out), *map(str, flags)], capture_output=True, text=True,
                           env=cli_env(), timeout=300)
@@ -229,7 +235,7 @@ def test_multi30k_word_order_task_is_each_caption_as_written_or_shuffled(caption
 def test_multi30k_bad_input_is_one_line(captions, tmp_path, case, words):
     raw, pretrained, _ = captions
     out = tmp_path / "out"
-    base = [sys.executable, str(SCRIPT), "--pretrained-data", str(pretrained), "--out", str(out)]
+    base = ["--pretrained-data", pretrained, "--out", out]
     if case == "with-train":
         args = ["--multi30k", str(raw), "--train", str(tmp_path / "t.tsv")]
     elif case == "neither":
@@ -242,7 +248,7 @@ def test_multi30k_bad_input_is_one_line(captions, tmp_path, case, words):
         for name in ("train", "val"):
             (partial / f"{name}.en.gz").write_bytes((raw / f"{name}.en.gz").read_bytes())
         args = ["--multi30k", str(partial)]
-    proc = subprocess.run(base + args, capture_output=True, text=True, env=cli_env(), timeout=300)
+    proc = script(*base, *args)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("prepare_finetune_data.py: error: "), proc.stderr[-2000:]
