@@ -48,10 +48,11 @@ def kernels():
 # One layer against float64
 # --------------------------------------------------------------------------------------
 
-def reference(q, k, v, prev, pad, causal, divisor, scale):
+def reference(q, k, v, prev, pad, causal, divisor, scale, keep=None, p=0.0):
     """The layer as the paper and the materialized kernel define it: ``A = q k^T scale + prev``
-    (passed on raw), ``softmax(mask(A / divisor)) v``; padded keys get float32's most
-    negative finite logit (a row of padding only is uniform), the future ``-inf``."""
+    (passed on raw), ``dropout(softmax(mask(A / divisor))) v``; padded keys get float32's most
+    negative finite logit (a row of padding only is uniform), the future ``-inf``; dropout
+    multiplies the probabilities by ``keep / (1 - p)`` (``keep``: the kernel's own mask)."""
     a = torch.einsum("bhtd,bhsd->bhts", q, k) * scale
     if prev is not None:
         a = a + prev
@@ -61,7 +62,10 @@ def reference(q, k, v, prev, pad, causal, divisor, scale):
         logits = logits.masked_fill(future, float("-inf"))
     if pad is not None:
         logits = logits.masked_fill(pad[:, None, None, :], FMIN)
-    return torch.einsum("bhts,bhsd->bhtd", torch.softmax(logits, -1), v), a
+    probs = torch.softmax(logits, -1)
+    if keep is not None:
+        probs = probs * keep / (1 - p)
+    return torch.einsum("bhts,bhsd->bhtd", probs, v), a
 
 
 def fairseq_recipe(q, k, v, prev, pad, causal, divisor, scale):
@@ -113,6 +117,8 @@ def inputs(layout, position, head_dim, device, seed=0, bsz=2, heads=2):
         pad[1, -1:] = True
     dout = randn(bsz, heads, tgt_len, head_dim)
     gnext = randn(bsz, heads, tgt_len, src_len) if has_gnext else None
+    if causal and gnext is not None:  # a causal next layer sends no gradient above the diagonal
+        gnext = gnext.tril()
     tensors = (q, k, v, prev, pad, dout, gnext)
     return tuple(None if t is None else t.to(device) for t in tensors), causal, side
 
@@ -142,21 +148,33 @@ def norm_errors(got, want):
     return [((g.double() - w).norm() / w.norm()).item() for g, w in zip(got, want)]
 
 
-def compare(kernels, layout, position, mode, head_dim, dtype, skip_future=True):
+def compare(kernels, layout, position, mode, head_dim, dtype, skip_future=True, p=0.0):
+    """``(got, want, inputs)``; with dropout ``p`` the reference applies the kernel's own keep
+    mask (``keep_mask`` of the seed and offset the call draws from torch's generator). The
+    causal layouts' sums are compared on and below the diagonal (skipped blocks hold zeros)."""
     module, device = kernels
     (q, k, v, prev, pad, dout, gnext), causal, side = inputs(layout, position, head_dim, device)
     divisor = float(POSITIONS[position][2]) if mode == "mean" else 1.0
     scale = float(torch.tensor(head_dim ** -0.5, dtype=torch.float32))  # as the kernel receives it
-    want = run_layer(lambda *t: reference(*t, pad, causal, divisor, scale), q, k, v, prev, dout, gnext,
+    keep = None
+    if p > 0:
+        torch.manual_seed(123)
+        keep = module.keep_mask((q.size(0), q.size(1), q.size(2), k.size(2)), p,
+                                *module.philox_seed_offset(torch.device(device), 0), device=device).double()
+    want = run_layer(lambda *t: reference(*t, pad, causal, divisor, scale, keep, p), q, k, v, prev, dout, gnext,
                      torch.float64)
 
     def kernel(q_, k_, v_, prev_):
-        return module.residual_attention(q_, k_, v_, prev_, pad, causal=causal,
-                                         skip_future=skip_future and side == "right", divisor=divisor, scale=scale)
+        torch.manual_seed(123)  # the same seed and offset as keep_mask's above
+        return module.residual_attention(q_, k_, v_, prev_, pad, causal=causal, dropout_p=p,
+                                         skip_future=skip_future and side == "right", divisor=divisor,
+                                         scale=scale)[:2]
 
     got = run_layer(kernel, q, k, v, prev, dout, gnext, dtype)
     assert got[0].dtype == dtype and got[1].dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
     assert all(torch.isfinite(t).all() for t in got)
+    if causal:
+        got[1], want[1] = got[1].tril(), want[1].tril()
     return got, want, (q, k, v, prev, pad, dout, gnext, causal, divisor, scale)
 
 
@@ -208,6 +226,59 @@ def test_causal_kernel_skips_only_what_no_row_sees(kernels):
     skipped, want, _ = compare(kernels, "decoder", "middle", "sum", 32, dtype, skip_future=True)
     full, _, _ = compare(kernels, "decoder", "middle", "sum", 32, dtype, skip_future=False)
     assert max(errors(skipped, want)) < tolerance and max(errors(full, want)) < tolerance
+
+
+# --------------------------------------------------------------------------------------
+# Attention dropout
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_dropout_equals_the_reference_with_the_same_keep_mask(kernels, layout, p):
+    """Every layout (padding left / right, causal, none), sum and mean, with dropout: output,
+    sum and every gradient equal the reference that applies the kernel's own keep mask."""
+    dtype, tolerance = exact_dtype(kernels)
+    for position, mode in (("middle", "sum"), ("last", "mean")):
+        got, want, _ = compare(kernels, layout, position, mode, HEAD_DIMS[layout], dtype, p=p)
+        for name, err in zip(NAMES, errors(got, want)):
+            assert err < tolerance, f"{position} {mode}, {name}: {err:.1e}"
+
+
+def test_dropout_rate_and_independence(kernels):
+    """Over 64 tiles of 16 x 16 the dropped share is within its binomial 5-sigma interval, in
+    every tile within its own; heads, rows and calls draw different masks; the sum handed on
+    carries no dropout."""
+    module, device = kernels
+    for p in (0.1, 0.3):
+        torch.manual_seed(0)
+        shape = (2, 2, 64, 64)
+        keep = module.keep_mask(shape, p, *module.philox_seed_offset(torch.device(device), 0), device=device)
+        n = keep.numel()
+        dropped = 1 - keep.double().mean().item()
+        assert abs(dropped - p) < 5 * (p * (1 - p) / n) ** 0.5, dropped
+        tiles = 1 - keep.double().view(2, 2, 4, 16, 4, 16).mean(dim=(3, 5))
+        assert ((tiles - p).abs() < 5 * (p * (1 - p) / 256) ** 0.5).all()
+        assert not torch.equal(keep[0, 0], keep[0, 1]) and not torch.equal(keep[0, 0, :32], keep[0, 0, 32:])
+        again = module.keep_mask(shape, p, *module.philox_seed_offset(torch.device(device), 0), device=device)
+        assert not torch.equal(keep, again)
+    (q, k, v, prev, pad, _, _), causal, _ = inputs("encoder", "middle", 32, device)
+    q, k, v, prev = (t.float() for t in (q, k, v, prev))
+    _, plain, _ = module.residual_attention(q, k, v, prev, pad)
+    _, dropped, _ = module.residual_attention(q, k, v, prev, pad, dropout_p=0.3)
+    assert torch.equal(plain, dropped)
+
+
+def test_dropout_reproduces_with_torch_seed(kernels):
+    """The seed and offset come from torch's generator: the same ``torch.manual_seed`` gives
+    the same output bit for bit, another seed another one."""
+    module, device = kernels
+    (q, k, v, prev, pad, _, _), _, _ = inputs("cross", "middle", 32, device)
+    q, k, v, prev = (t.float() for t in (q, k, v, prev))
+    outs = []
+    for seed in (5, 5, 6):
+        torch.manual_seed(seed)
+        outs.append(module.residual_attention(q, k, v, prev, pad, dropout_p=0.1)[0])
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
@@ -331,18 +402,17 @@ def test_falls_back_where_it_does_not_apply_and_says_so_once(kernels, monkeypatc
     x = torch.randn(5, 2, 16, device=device)
     dropout = stack_module(dropout=0.1).to(device).train()
     with caplog.at_level(logging.WARNING, logger=triton_kernel.__name__):
-        assert dropout.kernel_for(x, x, None, False, None) != "triton"
-        assert dropout.kernel_for(x, x, None, False, None) != "triton"
-        assert dropout.eval().kernel_for(x, x, None, False, None) == "triton"
+        assert dropout.kernel_for(x, x, None, False, None) == "triton"  # attention dropout included
         assert dropout.kernel_for(x, x, {}, False, None) == "materialized"  # cached decoding
         assert dropout.kernel_for(x, x, None, True, None) == "materialized"  # weights requested
         other_mask = torch.zeros(5, 5)  # an additive mask other than the causal one
         ran = record_kernels(monkeypatch)
-        want, _, _ = stack_module(kernel="materialized").to(device)(x, x, x, attn_mask=other_mask, need_weights=False)
-        got, _, state = stack_module().to(device)(x, x, x, attn_mask=other_mask, need_weights=False)
-        assert ran and (got - want).abs().max() < 1e-5 and state.scores is not None
+        for _ in range(2):
+            want, _, _ = stack_module(kernel="materialized").to(device)(x, x, x, attn_mask=other_mask,
+                                                                        need_weights=False)
+            got, _, state = stack_module().to(device)(x, x, x, attn_mask=other_mask, need_weights=False)
+            assert ran and (got - want).abs().max() < 1e-5 and state.scores is not None
     said = [r.getMessage() for r in caplog.records]
-    assert sum("attention dropout" in m for m in said) == 1
     assert sum("other than fairseq's causal mask" in m and "'materialized'" in m for m in said) == 1
 
 
@@ -354,31 +424,49 @@ def test_reasons_it_does_not_apply(monkeypatch):
     monkeypatch.setattr(triton_kernel, "interpreted", lambda: False)
     assert "TRITON_INTERPRET=1" in triton_kernel.unsupported(cpu)
     assert "float64" in triton_kernel.unsupported(cuda, torch.float64)
-    assert "dropout" in triton_kernel.unsupported(cuda, torch.float16, dropout=True)
     monkeypatch.setattr(triton_kernel, "interpreted", lambda: True)
     assert triton_kernel.unsupported(cpu, torch.float16, head_dim=64) is None
     assert "head dim" in triton_kernel.unsupported(cpu, torch.float16, head_dim=512)
     assert "int" in triton_kernel.unsupported(cpu, torch.int32)
 
 
-def test_auto_on_cuda_runs_triton_only_when_preferred(monkeypatch):
-    """Measured on an H100 (2026-11-28), triton met one of its four speed / memory targets, so
-    ``auto`` on CUDA runs the measured rule (``bias``) unless triton is preferred
-    (``prefer_triton=True`` or ``AUTO_PREFERS_TRITON``); then triton wherever it applies."""
+def fake_cuda(monkeypatch, capability=(9, 0), installed=True):
+    """A CUDA device of ``capability`` as ``triton_kernel.unsupported`` sees it, compiled Triton."""
+    monkeypatch.setattr(triton_kernel, "_installed", lambda: installed)
+    monkeypatch.setattr(triton_kernel, "interpreted", lambda: False)
+    monkeypatch.setattr(triton_kernel, "_capability", lambda index: capability)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(ra.sdpa_probe, "bias_has_fused_backend", lambda device: True)
     monkeypatch.setattr(ra.choice, "cuda_kernel_rule", lambda: dict(ra.DEFAULT_CUDA_RULE))
+    monkeypatch.setattr(triton_kernel, "_LOGGED", set())
+
+
+def test_auto_on_cuda_runs_triton_wherever_it_applies(monkeypatch, caplog):
+    """With and without attention dropout, fp16 / bf16 / fp32, every layer: triton; ``bias``
+    where it does not apply (triton missing, an older GPU, float64), why said once."""
     cuda = torch.device("cuda")
-    monkeypatch.setattr(triton_kernel, "unsupported", lambda *a, **k: None)
-    assert ra.choice.AUTO_PREFERS_TRITON is False
-    assert [ra.auto_kernel(device=cuda, training_dropout=False, terms=n) for n in (1, 2)] == ["bias", "bias"]
-    assert [ra.auto_kernel(device=cuda, training_dropout=False, terms=n, prefer_triton=True)
-            for n in (1, 2)] == ["triton", "triton"]
-    monkeypatch.setattr(ra.choice, "AUTO_PREFERS_TRITON", True)
-    assert ra.auto_kernel(device=cuda, training_dropout=False, terms=2) == "triton"
-    assert ra.auto_kernel(device=cuda, training_dropout=False, terms=2, prefer_triton=False) == "bias"
-    assert ra.auto_kernel(device=torch.device("cpu"), training_dropout=False, terms=2) == "materialized"
-    monkeypatch.setattr(triton_kernel, "unsupported", lambda *a, **k: "attention dropout > 0")
-    assert ra.auto_kernel(device=cuda, training_dropout=True, terms=2) == "bias"
+    fake_cuda(monkeypatch)
+    assert ra.choice.AUTO_PREFERS_TRITON is True
+    for dropout in (False, True):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            assert [ra.auto_kernel(device=cuda, training_dropout=dropout, terms=n, dtype=dtype, head_dim=64)
+                    for n in (1, 2)] == ["triton", "triton"]
+    assert ra.auto_kernel(device=cuda, training_dropout=True, terms=2, prefer_triton=False) == "bias"
+    assert ra.auto_kernel(device=cuda, training_dropout=True, terms=2, dtype=torch.float64) == "bias"
+    with caplog.at_level(logging.WARNING, logger=triton_kernel.__name__):
+        fake_cuda(monkeypatch, installed=False)
+        for _ in range(2):
+            assert ra.auto_kernel(device=cuda, training_dropout=True, terms=2) == "bias"
+        fake_cuda(monkeypatch, capability=(7, 5))
+        assert ra.auto_kernel(device=cuda, training_dropout=False, terms=1, dtype=torch.float16) == "bias"
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("not installed" in m and "'bias'" in m for m in said) == 1
+    assert sum("compute capability 8.0" in m for m in said) == 1
+    monkeypatch.setattr(ra.choice, "cuda_kernel_rule", lambda: {"first_layer": "triton", "later_layers": "triton"})
+    assert ra.auto_kernel(device=cuda, training_dropout=False, terms=1) == "bias"  # a rule naming triton, no triton
+    ra.use_cuda_kernel_rule({"first_layer": "triton", "later_layers": "bias"})  # accepted
+    ra.use_cuda_kernel_rule(None)
 
 
 def test_auto_stops_choosing_triton_when_triton_fails_here(kernels, monkeypatch, caplog):

@@ -57,14 +57,13 @@ Kernels (``--residual-attention-kernel``); all compute the same function:
   zero-padded to ``n*d`` there (their extra output columns are zeros and dropped).
 * ``triton``: flash-style Triton kernels that read ``A_{n-1}``, write ``A_n`` (float32,
   raw and unmasked, the state handed on, as ``materialized``'s) and apply padding and the
-  causal mask inside; a layer stores ``A_n`` and two per-row statistics, no probabilities,
-  and its backward recomputes them from ``A_n`` (``triton.py``). Where it does not apply
-  (no triton, attention dropout, float64 on CUDA, another ``attn_mask`` than fairseq's
-  causal one; on CPU outside Triton's interpreter) a call runs what ``auto`` would without
-  it, said once.
+  causal mask and attention dropout inside; a path stores every second ``A_n`` (never its
+  last) and two per-row statistics per layer, no probabilities: backward rebuilds ``A_n``
+  bit for bit (``triton.py``). Where it does not apply (no triton, float64 on CUDA, another
+  ``attn_mask`` than fairseq's causal one; on CPU outside Triton's interpreter) a call runs
+  what ``auto`` would without it, said once.
 * ``auto`` (default): per layer and call, :func:`auto_kernel` (the rule and the
-  measurements behind it are written there); on CUDA the measured rule (``bias``), not
-  ``triton``, since triton's first GPU measurement (``choice.AUTO_PREFERS_TRITON``).
+  measurements behind it are written there); on CUDA ``triton`` wherever it applies.
 
 No kernel reads a tensor's value on the host per layer (each read stalls a GPU's launch
 queue): what ``fused`` and ``bias`` branch on (is ``attn_mask`` fairseq's causal mask, are

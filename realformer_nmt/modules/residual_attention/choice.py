@@ -37,10 +37,10 @@ def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int, dty
     back to its unfused math kernel), hence materialized there. ``bias`` on CPU runs SDPA's
     math kernel (a mask with a gradient), no better than ``materialized``.
 
-    On CUDA: ``triton`` only with ``prefer_triton=True`` (default :data:`AUTO_PREFERS_TRITON`,
-    False since its first GPU measurement, below), and then wherever it applies
-    (``triton_kernel.unsupported``: triton installed, a GPU of compute capability 8.0 or
-    newer, no attention dropout, half precision or float32). Otherwise, the rule the project
+    On CUDA: ``triton`` wherever it applies (``triton_kernel.unsupported``: triton installed, a GPU
+    of compute capability 8.0 or newer, half precision or float32, with or without attention
+    dropout; ``prefer_triton=False`` turns this off, default :data:`AUTO_PREFERS_TRITON`); where
+    it does not, why is said once and the rule below runs. The rule the project
     measured on a GPU, shipped in this package
     (``kernel_rule.json`` next to this module, ``{"rule": {"first_layer": K, "later_layers":
     K}}``; a program may set another with :func:`use_cuda_kernel_rule`). Measured on one
@@ -57,26 +57,29 @@ def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int, dty
         return "fused" if terms <= FUSED_MAX_TERMS else "materialized"
     if prefer_triton is None:
         prefer_triton = AUTO_PREFERS_TRITON
-    if prefer_triton and triton_kernel.unsupported(device, dtype, training_dropout, head_dim) is None:
+    reason = triton_kernel.unsupported(device, dtype, head_dim) if prefer_triton else "not preferred"
+    if reason is None:
         return "triton"
     rule = cuda_kernel_rule()
     kernel = rule["first_layer"] if terms == 1 else rule["later_layers"]
+    if kernel == "triton":
+        kernel = "bias"
+    if prefer_triton:
+        triton_kernel.log_fallback_once(reason, kernel)
     if kernel == "bias" and not sdpa_probe.bias_has_fused_backend(device):
         kernel = "materialized"
     return kernel
 
 
-# Whether ``auto`` runs ``triton`` on CUDA where it applies. False since the kernel's first GPU
-# measurement (one H100, 2026-11-28, results/gpu/h100-2026-11-28/): fp16, base size, 11 rounds,
-# train tok/s 0.82x vanilla at T = 128 (bias 0.83x) and 1.00x at T = 512 (bias 0.86x) with 1.09x /
-# 1.28x vanilla's peak memory (bias 1.04x / 1.02x), against its targets of 0.95x and 1.05x / 1.00x;
-# and fairseq-train spent its first minute or more compiling Triton variants (lengths vary per
-# batch). ``--residual-attention-kernel triton`` runs it on request.
-AUTO_PREFERS_TRITON = False
+# Whether ``auto`` runs ``triton`` on CUDA where it applies: at fairseq's speed where the GPU is
+# the bottleneck (one H200, 2026-11-28, base size, 32k tokens per batch: 0.98x-1.02x fairseq's
+# train speed at T = 128 and 512 where ``bias`` ran 0.61x-0.79x; docs/performance.md).
+AUTO_PREFERS_TRITON = True
 
 # Layers of a path (counted from its first) that ``auto`` runs fused on CPU (see ``auto_kernel``).
 FUSED_MAX_TERMS = 1
 DEFAULT_CUDA_RULE = {"first_layer": "bias", "later_layers": "bias"}
+RULE_KERNELS = ("materialized", "fused", "bias", "triton")  # triton: only where it applies, else bias
 
 
 # Where the CUDA rule comes from: the rule the project measured, shipped inside this package as
@@ -92,7 +95,7 @@ _override = None  # (rule, where) set by use_cuda_kernel_rule
 def use_cuda_kernel_rule(rule=None) -> None:
     """Override the packaged CUDA rule of ``auto`` in this process: a ``kernel_rule.json``
     path, a ``{"first_layer": K, "later_layers": K}`` dict, or None for the packaged rule
-    again. A kernel outside ``materialized``, ``fused``, ``bias`` is an error."""
+    again. A kernel outside :data:`RULE_KERNELS` is an error."""
     global _override
     if rule is None:
         _override = None
@@ -103,9 +106,9 @@ def use_cuda_kernel_rule(rule=None) -> None:
         with open(rule, encoding="utf-8") as f:
             record = json.load(f)
         picked, where = dict(record.get("rule", {})), f"use_cuda_kernel_rule({rule})"
-    bad = {k: v for k, v in picked.items() if k in DEFAULT_CUDA_RULE and v not in ("materialized", "fused", "bias")}
+    bad = {k: v for k, v in picked.items() if k in DEFAULT_CUDA_RULE and v not in RULE_KERNELS}
     if set(picked) != set(DEFAULT_CUDA_RULE) or bad:
-        raise ValueError(f"a CUDA kernel rule needs first_layer and later_layers among materialized, fused, bias; "
+        raise ValueError(f"a CUDA kernel rule needs first_layer and later_layers among {', '.join(RULE_KERNELS)}; "
                          f"got {picked}")
     _override = (picked, where)
 
@@ -134,7 +137,7 @@ def _read_packaged_rule() -> Tuple[Dict[str, str], str]:
     picked = {}
     for position in ("first_layer", "later_layers"):
         kernel = rule.get(position)
-        picked[position] = kernel if kernel in ("materialized", "fused", "bias") else DEFAULT_CUDA_RULE[position]
+        picked[position] = kernel if kernel in RULE_KERNELS else DEFAULT_CUDA_RULE[position]
     where = record.get("device", "a GPU") if isinstance(record, dict) else "a GPU"
     return picked, f"rule measured on {where}"
 

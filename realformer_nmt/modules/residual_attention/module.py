@@ -163,7 +163,7 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
         if kernel == "auto":
             kernel = choice.auto_kernel(**where, dtype=query.dtype, head_dim=self.head_dim)
         if kernel == "triton":
-            reason = unsupported(query.device, query.dtype, where["training_dropout"], self.head_dim)
+            reason = unsupported(query.device, query.dtype, self.head_dim)
             if reason is not None:
                 kernel = choice.auto_kernel(**where, prefer_triton=False)
                 log_fallback_once(reason, kernel)
@@ -181,9 +181,10 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
 
     # shared by the kernels
 
-    def _project(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor]):
-        """fairseq's q/k/v projections for a full pass, as ``[B, H, T, d]`` tensors."""
-        q = self.q_proj(query) * self.scaling
+    def _project(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor], scaled: bool = True):
+        """fairseq's q/k/v projections for a full pass, as ``[B, H, T, d]`` tensors (``q`` times
+        ``self.scaling`` unless ``scaled`` is False: the triton kernel scales inside)."""
+        q = self.q_proj(query) * self.scaling if scaled else self.q_proj(query)
         if self.self_attention:
             key = value = query
         elif self.encoder_decoder_attention:

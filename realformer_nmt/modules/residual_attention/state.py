@@ -34,13 +34,15 @@ class ResidualState(NamedTuple):
       layer (fused: every layer's; bias: this layer's).
 
     ``terms``: ``n``, the number of layers whose scores are in the sum (the divisor
-    ``c_n`` of mean mode).
+    ``c_n`` of mean mode). ``rebuild``: the triton kernel's record of how its backward rebuilds
+    ``scores`` (None from the other kernels).
     """
 
     scores: Optional[Tensor] = None
     queries: Tuple[Tensor, ...] = ()
     keys: Tuple[Tensor, ...] = ()
     terms: int = 0
+    rebuild: Optional[tuple] = None
 
     @classmethod
     def of_scores(cls, scores: Tensor, terms: int = 1) -> "ResidualState":

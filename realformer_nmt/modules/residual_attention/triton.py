@@ -1,30 +1,36 @@
-"""The ``triton`` kernel: layer n of a residual path as flash-style Triton kernels that read
-the previous layers' running sum and write their own (this file imports triton; nothing in
-the plugin imports it unless this kernel runs: ``triton_kernel.py``).
+"""The ``triton`` kernel's Triton code: layer n of a residual path as flash-style kernels that
+read the previous layers' running sum and write their own (imported only when this kernel runs:
+``triton_kernel.py``; the autograd side is ``triton_autograd.py``; why it is built so:
+docs/performance.md).
 
 Forward, per block of query rows, over blocks of keys::
 
-    A_n = q k^T * scale (+ A_{n-1})      stored raw and unmasked, float32 (float64 inputs:
-                                         float64); the next layer reads it, and backward
-    P = softmax(mask(A_n / c_n))         online; the row maximum M and sum L are saved
-    out = P v
+    A_n = (q k^T) scale + A_{n-1}     raw and unmasked, float32 (float64 inputs: float64): the
+                                      state handed on; no layer stores it for its own backward
+    P = softmax(mask(A_n / c_n))      online; the row maximum M and sum L are saved
+    out = dropout(P) v                dropout(P) = P * keep / (1 - p), keep drawn per tile
+                                      (Philox, ``tl.rand``), regenerated in backward
 
-Backward recomputes ``P = exp(mask(A_n / c_n) - M) / L`` from the stored sum (no
-``q k^T``); per tile ``dA_own = P * (dP - Delta) / c_n`` (zero where masked),
-``G_n = dA_own + G_{n+1}`` (``G_{n+1}``: the gradient the next layer sends back through
-``A_n``, absent for a path's last layer), then ``dA_{n-1} = G_n``, ``dq = G_n k scale``,
-``dk = G_n^T q scale``, ``dv = P^T dO``. Dot products accumulate in float32 (float64 for
-float64 inputs); half-precision inputs meet the tensor cores as they are, float32 ones in
-IEEE precision (no TF32).
+Dropout acts on the probabilities only: ``A_n``, the pre-softmax sum handed on, carries none,
+as in the materialized kernel (``self.dropout_module(probs)`` after the sum is formed) and the
+official reference (google-research ``realformer/realformer.py``: ``dropout(attention_probs)``,
+``cur_attention`` returned undropped).
 
-Masks are the materialized kernel's: padded keys (``[B, S]``, True at padding) get
-float32's most negative finite logit, so a row that sees no real key attends uniformly to
-the padded keys, sending no gradient to the scores; the causal mask (key index > query
-index) is ``-inf``. Where a batch has no such rows, the causal kernel skips the softmax and
-``P v`` of blocks wholly above the diagonal (``skip_future``); ``A_n`` is stored everywhere.
+Backward rebuilds ``A_n`` tile by tile from a checkpoint ``A_r`` (r = n - 1 or n - 2, or none)
+by adding the same ``(q_i k_i^T) scale`` tiles as the forward, in its order and with its tiling
+(:func:`_add_scores`, bit-identical), then ``P``, ``dA_own = P (dP - Delta) / c_n`` (zero where
+masked), ``G_n = dA_own + G_{n+1}``, ``dq = G_n k scale``, ``dk = G_n^T q scale``,
+``dv = dropout(P)^T dO``. Dot products accumulate in float32 (float64 inputs: float64); half
+inputs meet the tensor cores as they are, float32 ones in IEEE precision (no TF32).
 
-Under ``TRITON_INTERPRET=1`` (set before triton is imported) the same kernels run on CPU
-tensors, in Triton's interpreter: how the CPU tests check them.
+Masks are the materialized kernel's: padded keys get float32's most negative finite logit (a row
+of padding only attends uniformly to it, sending no gradient), the future (key > query) ``-inf``.
+With ``skip_future`` (causal, every row sees a real key) blocks wholly above the diagonal get no
+product: ``A_n`` is zero there and no gradient flows there (only causal layers read it).
+
+Flags and lengths are runtime values (``do_not_specialize``): one compiled variant per kernel,
+dtype and head-dim block. Under ``TRITON_INTERPRET=1`` (set before triton is imported) the same
+kernels run on CPU tensors in Triton's interpreter: how the CPU tests check them.
 """
 
 import contextlib
@@ -37,18 +43,42 @@ from triton.runtime.jit import JITFunction
 
 INTERPRETED = type(tl.zeros).__name__ == "InterpretedFunction"  # as triton_kernel.interpreted() decides
 FILL = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).min: a padded key's logit
+RUNTIME = ("T", "S", "dropout_p", "seed", "offset", "has_prev", "has_root", "has_pair", "has_gnext", "has_pad",
+           "causal", "skip_future")
 
 
 def _jit(fn):
-    """``triton.jit``, interpreted exactly when triton's own library functions are."""
-    return InterpretedFunction(fn) if INTERPRETED else JITFunction(fn)
+    """``triton.jit`` (lengths, flags, seed and offset never specialized), interpreted exactly when
+    triton's own library functions are."""
+    if INTERPRETED:
+        return InterpretedFunction(fn)
+    names = [name for name in RUNTIME if name in fn.__code__.co_varnames[:fn.__code__.co_argcount]]
+    return JITFunction(fn, do_not_specialize=names)
+
+
+@_jit
+def _add_scores(q, k, scale, base, PRECISION: tl.constexpr):
+    """``(q k^T) scale + base`` for one tile: the only way ``A_n`` is formed, in forward and when
+    backward rebuilds it, so both give the same bits."""
+    return tl.dot(q, tl.trans(k), input_precision=PRECISION).to(base.dtype) * scale + base
+
+
+@_jit
+def _keep(bh, rows, cols, T, S, dropout_p, seed, offset):
+    """The dropout keep mask of a tile: Philox draw number ``offset + (bh T + row) S + col``."""
+    return tl.rand(seed, offset + (bh.to(tl.int64) * T + rows[:, None]) * S + cols[None, :]) >= dropout_p
+
+
+@_jit
+def _visible(rows, cols, col_ok, causal):
+    return col_ok[None, :] & ((cols[None, :] <= rows[:, None]) | (causal == 0))
 
 
 @_jit
 def _forward(Q, K, V, PREV, PAD, A, OUT, M, L, sq_b, sq_h, sq_t, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
-             so_b, so_h, so_t, H, T, S, D, scale, divisor, DOT: tl.constexpr, PRECISION: tl.constexpr,
-             HAS_PREV: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, SKIP_FUTURE: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+             so_b, so_h, so_t, H, T, S, D, scale, divisor, dropout_p, seed, offset, has_prev, has_pad, causal,
+             skip_future, DOT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_D: tl.constexpr):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     SUM = A.dtype.element_ty
@@ -62,44 +92,37 @@ def _forward(Q, K, V, PREV, PAD, A, OUT, M, L, sq_b, sq_h, sq_t, sk_b, sk_h, sk_
     l_i = tl.zeros([BLOCK_M], SUM)
     acc = tl.zeros([BLOCK_M, BLOCK_D], SUM)
     hi = S
-    if SKIP_FUTURE:  # key blocks from here on are above the diagonal for every row of the block
+    if skip_future:  # key blocks from here on are above the diagonal for every row of the block
         hi = tl.minimum((pid_m + 1) * BLOCK_M, S)
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         col_ok = cols < S
+        ok = row_ok[:, None] & col_ok[None, :]
         k = tl.load(K + b * sk_b + h * sk_h + cols[:, None] * sk_s + dims[None, :],
                     mask=col_ok[:, None] & dim_ok[None, :], other=0.0).to(DOT)
-        a = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(SUM) * scale
-        ok = row_ok[:, None] & col_ok[None, :]
-        if HAS_PREV:
-            a += tl.load(PREV + tile + cols[None, :], mask=ok, other=0.0)
+        base = tl.zeros([BLOCK_M, BLOCK_N], SUM)
+        if has_prev:
+            base = tl.load(PREV + tile + cols[None, :], mask=ok, other=0.0)
+        a = _add_scores(q, k, scale, base, PRECISION)
         tl.store(A + tile + cols[None, :], a, mask=ok)
-        if CAUSAL:
-            visible = col_ok[None, :] & (cols[None, :] <= rows[:, None])
-        else:
-            visible = col_ok[None, :]
-        logits = tl.where(visible, a / divisor, float("-inf"))
-        if HAS_PAD:
+        logits = tl.where(_visible(rows, cols, col_ok, causal), a / divisor, float("-inf"))
+        if has_pad:
             padded = tl.load(PAD + b * S + cols, mask=col_ok, other=0) != 0
             logits = tl.where(padded[None, :], FILL, logits)
         m_new = tl.maximum(m_i, tl.max(logits, 1))  # finite: every row sees key 0, real or padded
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(logits - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_i = l_i * alpha + tl.sum(p, 1)  # the softmax's sum: before dropout
+        if dropout_p > 0:
+            p = tl.where(_keep(bh, rows, cols, T, S, dropout_p, seed, offset), p / (1.0 - dropout_p), 0.0)
         v = tl.load(V + b * sv_b + h * sv_h + cols[:, None] * sv_s + dims[None, :],
                     mask=col_ok[:, None] & dim_ok[None, :], other=0.0).to(DOT)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v, input_precision=PRECISION).to(SUM)
         m_i = m_new
-    for start_n in range(hi, S, BLOCK_N):  # above the diagonal: only the running sum
+    for start_n in range(hi, S, BLOCK_N):  # wholly above the diagonal: zeros, no product
         cols = start_n + tl.arange(0, BLOCK_N)
-        col_ok = cols < S
-        k = tl.load(K + b * sk_b + h * sk_h + cols[:, None] * sk_s + dims[None, :],
-                    mask=col_ok[:, None] & dim_ok[None, :], other=0.0).to(DOT)
-        a = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(SUM) * scale
-        ok = row_ok[:, None] & col_ok[None, :]
-        if HAS_PREV:
-            a += tl.load(PREV + tile + cols[None, :], mask=ok, other=0.0)
-        tl.store(A + tile + cols[None, :], a, mask=ok)
+        tl.store(A + tile + cols[None, :], tl.zeros([BLOCK_M, BLOCK_N], SUM),
+                 mask=row_ok[:, None] & (cols < S)[None, :])
     out = acc / l_i[:, None]
     tl.store(OUT + b * so_b + h * so_h + rows[:, None] * so_t + dims[None, :], out.to(OUT.dtype.element_ty),
              mask=row_ok[:, None] & dim_ok[None, :])
@@ -108,65 +131,89 @@ def _forward(Q, K, V, PREV, PAD, A, OUT, M, L, sq_b, sq_h, sq_t, sk_b, sk_h, sk_
 
 
 @_jit
-def _backward_kv(Q, V, DO, A, GNEXT, PAD, M, L, DELTA, G, DK, DV, sq_b, sq_h, sq_t, sv_b, sv_h, sv_s,
-                 sdo_b, sdo_h, sdo_t, sdk_b, sdk_h, sdk_s, sdv_b, sdv_h, sdv_s,
-                 H, T, S, D, scale, divisor, DOT: tl.constexpr, PRECISION: tl.constexpr,
-                 HAS_GNEXT: tl.constexpr, HAS_PAD: tl.constexpr, CAUSAL: tl.constexpr, SKIP_FUTURE: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One block of keys: ``G_n`` of its column of tiles (written to ``G``), ``dk`` and ``dv``."""
+def _delta(OUT, DO, DELTA, so_b, so_h, so_t, sdo_b, sdo_h, sdo_t, H, T, D, BLOCK_M: tl.constexpr,
+           BLOCK_D: tl.constexpr):
+    """``Delta = rowsum(dO * out)`` (= rowsum(P * dP), dropout included), in the sum's dtype."""
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    ok = (rows < T)[:, None] & (dims < D)[None, :]
+    SUM = DELTA.dtype.element_ty
+    out = tl.load(OUT + b * so_b + h * so_h + rows[:, None] * so_t + dims[None, :], mask=ok, other=0.0).to(SUM)
+    do = tl.load(DO + b * sdo_b + h * sdo_h + rows[:, None] * sdo_t + dims[None, :], mask=ok, other=0.0).to(SUM)
+    tl.store(DELTA + bh * T + rows, tl.sum(out * do, 1), mask=rows < T)
+
+
+@_jit
+def _backward_kv(Q, K, V, DO, ROOT, Q1, K1, GNEXT, PAD, M, L, DELTA, G, DK, DV, sq_b, sq_h, sq_t, sk_b, sk_h, sk_s,
+                 sv_b, sv_h, sv_s, sdo_b, sdo_h, sdo_t, sdk_b, sdk_h, sdk_s, sdv_b, sdv_h, sdv_s,
+                 H, T, S, D, scale, divisor, dropout_p, seed, offset, has_root, has_pair, has_gnext, has_pad, causal,
+                 skip_future, DOT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One block of keys: ``A_n`` rebuilt (``ROOT`` + ``Q1 K1^T scale`` if ``has_pair`` + ``Q K^T
+    scale``), ``G_n`` of its column of tiles (written to ``G``), ``dk`` and ``dv``. ``Q1``, ``K1``
+    (the previous layer's) have ``Q``'s and ``K``'s strides."""
     pid_n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
-    SUM = A.dtype.element_ty
+    SUM = G.dtype.element_ty
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     col_ok, dim_ok = cols < S, dims < D
     kv_ok = col_ok[:, None] & dim_ok[None, :]
+    k_at = b * sk_b + h * sk_h + cols[:, None] * sk_s + dims[None, :]
+    k = tl.load(K + k_at, mask=kv_ok, other=0.0).to(DOT)
+    k1 = k
+    if has_pair:
+        k1 = tl.load(K1 + k_at, mask=kv_ok, other=0.0).to(DOT)
     v = tl.load(V + b * sv_b + h * sv_h + cols[:, None] * sv_s + dims[None, :], mask=kv_ok, other=0.0).to(DOT)
     real = cols >= 0
-    if HAS_PAD:
+    if has_pad:
         real = tl.load(PAD + b * S + cols, mask=col_ok, other=0) == 0
     dk = tl.zeros([BLOCK_N, BLOCK_D], SUM)
     dv = tl.zeros([BLOCK_N, BLOCK_D], SUM)
-    base = bh.to(tl.int64) * T * S
+    base_bh = bh.to(tl.int64) * T * S
     lo = 0
-    if SKIP_FUTURE:  # query blocks before lo see none of these keys: only G_{n+1} passes there
+    if skip_future:  # query blocks before lo: the forward's zero blocks, no gradient
         lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
     for start_m in range(0, lo, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
-        row_ok = rows < T
-        ok = row_ok[:, None] & col_ok[None, :]
-        g = tl.zeros([BLOCK_M, BLOCK_N], SUM)
-        if HAS_GNEXT:
-            g = tl.load(GNEXT + base + rows[:, None] * S + cols[None, :], mask=ok, other=0.0)
-            q = tl.load(Q + b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :],
-                        mask=row_ok[:, None] & dim_ok[None, :], other=0.0).to(DOT)
-            dk += tl.dot(tl.trans(g).to(DOT), q, input_precision=PRECISION).to(SUM)
-        tl.store(G + base + rows[:, None] * S + cols[None, :], g, mask=ok)
+        tl.store(G + base_bh + rows[:, None] * S + cols[None, :], tl.zeros([BLOCK_M, BLOCK_N], SUM),
+                 mask=(rows < T)[:, None] & col_ok[None, :])
     for start_m in range(lo, T, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
         row_ok = rows < T
         ok = row_ok[:, None] & col_ok[None, :]
+        at = base_bh + rows[:, None] * S + cols[None, :]
         qd_ok = row_ok[:, None] & dim_ok[None, :]
-        q = tl.load(Q + b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :], mask=qd_ok, other=0.0).to(DOT)
+        q_at = b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :]
+        q = tl.load(Q + q_at, mask=qd_ok, other=0.0).to(DOT)
+        a = tl.zeros([BLOCK_M, BLOCK_N], SUM)
+        if has_root:
+            a = tl.load(ROOT + at, mask=ok, other=0.0)
+        if has_pair:
+            a = _add_scores(tl.load(Q1 + q_at, mask=qd_ok, other=0.0).to(DOT), k1, scale, a, PRECISION)
+        a = _add_scores(q, k, scale, a, PRECISION)
         do = tl.load(DO + b * sdo_b + h * sdo_h + rows[:, None] * sdo_t + dims[None, :], mask=qd_ok,
                      other=0.0).to(DOT)
         m = tl.load(M + bh * T + rows, mask=row_ok, other=0.0)
         l_inv = 1.0 / tl.load(L + bh * T + rows, mask=row_ok, other=1.0)
         delta = tl.load(DELTA + bh * T + rows, mask=row_ok, other=0.0)
-        a = tl.load(A + base + rows[:, None] * S + cols[None, :], mask=ok, other=0.0)
-        if CAUSAL:
-            visible = col_ok[None, :] & (cols[None, :] <= rows[:, None])
-        else:
-            visible = col_ok[None, :] & (rows[:, None] >= 0)
+        visible = _visible(rows, cols, col_ok, causal)
         logits = tl.where(visible, a / divisor, float("-inf"))
         logits = tl.where(real[None, :], logits, FILL)
         p = tl.where(row_ok[:, None], tl.exp(logits - m[:, None]) * l_inv[:, None], 0.0)
-        dv += tl.dot(tl.trans(p).to(DOT), do, input_precision=PRECISION).to(SUM)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION).to(SUM)
+        p_kept = p
+        if dropout_p > 0:
+            keep = _keep(bh, rows, cols, T, S, dropout_p, seed, offset)
+            p_kept = tl.where(keep, p / (1.0 - dropout_p), 0.0)
+            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+        dv += tl.dot(tl.trans(p_kept).to(DOT), do, input_precision=PRECISION).to(SUM)
         g = tl.where(visible & real[None, :], p * (dp - delta[:, None]) / divisor, 0.0)
-        if HAS_GNEXT:
-            g += tl.load(GNEXT + base + rows[:, None] * S + cols[None, :], mask=ok, other=0.0)
-        tl.store(G + base + rows[:, None] * S + cols[None, :], g, mask=ok)
+        if has_gnext:
+            g += tl.load(GNEXT + at, mask=ok, other=0.0)
+        tl.store(G + at, g, mask=ok)
         dk += tl.dot(tl.trans(g).to(DOT), q, input_precision=PRECISION).to(SUM)
     tl.store(DK + b * sdk_b + h * sdk_h + cols[:, None] * sdk_s + dims[None, :], (dk * scale).to(DK.dtype.element_ty),
              mask=kv_ok)
@@ -175,8 +222,9 @@ def _backward_kv(Q, V, DO, A, GNEXT, PAD, M, L, DELTA, G, DK, DV, sq_b, sq_h, sq
 
 
 @_jit
-def _backward_q(G, K, DQ, sk_b, sk_h, sk_s, sdq_b, sdq_h, sdq_t, H, T, S, D, scale, DOT: tl.constexpr,
-                PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _backward_q(G, K, DQ, sk_b, sk_h, sk_s, sdq_b, sdq_h, sdq_t, H, T, S, D, scale, skip_future,
+                DOT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_D: tl.constexpr):
     """One block of queries: ``dq = G_n k scale``, from the ``G_n`` that ``_backward_kv`` wrote."""
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
@@ -185,7 +233,10 @@ def _backward_q(G, K, DQ, sk_b, sk_h, sk_s, sdq_b, sdq_h, sdq_t, H, T, S, D, sca
     row_ok, dim_ok = rows < T, dims < D
     tile = bh.to(tl.int64) * T * S + rows[:, None] * S
     dq = tl.zeros([BLOCK_M, BLOCK_D], G.dtype.element_ty)
-    for start_n in range(0, S, BLOCK_N):
+    hi = S
+    if skip_future:  # G_n is zero in the blocks wholly above the diagonal
+        hi = tl.minimum((pid_m + 1) * BLOCK_M, S)
+    for start_n in range(0, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         col_ok = cols < S
         k = tl.load(K + b * sk_b + h * sk_h + cols[:, None] * sk_s + dims[None, :],
@@ -196,21 +247,52 @@ def _backward_q(G, K, DQ, sk_b, sk_h, sk_s, sdq_b, sdq_h, sdq_t, H, T, S, D, sca
              mask=row_ok[:, None] & dim_ok[None, :])
 
 
+@_jit
+def _keep_mask(OUT, T, S, dropout_p, seed, offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The keep mask ``_forward`` and ``_backward_kv`` use, written out (for tests)."""
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    for start_n in range(0, S, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        keep = _keep(bh, rows, cols, T, S, dropout_p, seed, offset)
+        tl.store(OUT + (bh.to(tl.int64) * T + rows[:, None]) * S + cols[None, :], keep.to(tl.int8),
+                 mask=(rows < T)[:, None] & (cols < S)[None, :])
+
+
+
+# --------------------------------------------------------------------------------------
+# The autograd side
+# --------------------------------------------------------------------------------------
+
+EVERY = 2  # products backward re-adds at most to rebuild A_n (so A_2, A_4, ... are what a path keeps)
+HIGH = 1 << 62  # seed and offset always 64-bit integers: one compiled variant
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32,
               torch.float64: tl.float64}
 
 
 def _settings(x: torch.Tensor, head_dim: int):
     """Constexprs and launch options for inputs like ``x``."""
-    block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs 16 at least; extra columns masked
+    block_d = max(16, 1 << (head_dim - 1).bit_length())  # tl.dot needs 16 at least; extra columns masked
     # Triton 3.6's interpreter multiplies bfloat16 as raw integers: there the dots run in float32
     dot = tl.float32 if INTERPRETED and x.dtype == torch.bfloat16 else _TL_DTYPES[x.dtype]
     precision = "ieee" if x.dtype in (torch.float32, torch.float64) else "tf32"  # tf32: ignored for half inputs
     if INTERPRETED or x.device.type != "cuda":  # small blocks: several per test length, interpreted quickly
-        blocks, options = dict(BLOCK_M=16, BLOCK_N=16), {}
-    else:
-        blocks, options = dict(BLOCK_M=64, BLOCK_N=64), dict(num_warps=4 if block_d <= 64 else 8, num_stages=2)
-    return dict(DOT=dot, PRECISION=precision, BLOCK_D=block_d, **blocks), options
+        return dict(DOT=dot, PRECISION=precision, BLOCK_D=block_d, BLOCK_M=16, BLOCK_N=16), {}
+    return (dict(DOT=dot, PRECISION=precision, BLOCK_D=block_d, BLOCK_M=64, BLOCK_N=64),
+            dict(num_warps=4 if block_d <= 64 else 8, num_stages=2))
+
+
+def philox_seed_offset(device: torch.device, count: int):
+    """``(seed, offset)`` for ``count`` dropout draws, from torch's default generator of ``device``
+    (so ``--seed`` reproduces a run): on CUDA its seed and Philox offset, which is advanced past
+    them; on CPU two draws. Both land in ``[2^62, 2^63)``."""
+    if device.type == "cuda":
+        gen = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+        offset = gen.get_offset()
+        gen.set_offset(offset + (count + 3) // 4 * 4)
+        return (gen.initial_seed() % HIGH) | HIGH, offset % HIGH | HIGH
+    seed, offset = torch.randint(0, HIGH >> 1, (2,)).tolist()
+    return seed | HIGH, offset | HIGH
 
 
 @contextlib.contextmanager
@@ -241,71 +323,104 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+_NO_PAD = {}
+
+
+def _no_pad(device):
+    if device not in _NO_PAD:
+        _NO_PAD[device] = torch.zeros(1, dtype=torch.uint8, device=device)
+    return _NO_PAD[device]
+
+
 class ResidualAttention(torch.autograd.Function):
-    """``(out, A_n) = f(q, k, v, A_{n-1}, padding)``; see the module docstring."""
+    """``(out, A_n) = f(q, k, v, A_{n-1}, padding)``; ``root``, ``q1``, ``k1``: what backward
+    rebuilds ``A_n`` from (module docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, prev, padding, causal, skip_future, divisor, scale):
-        q, k, v = _rows(q), _rows(k), _rows(v)
+    def forward(ctx, q, k, v, prev, padding, root, q1, k1, causal, skip_future, divisor, scale, dropout_p):
         bsz, heads, tgt_len, head_dim = q.shape
         src_len = k.size(2)
         sum_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         a = torch.empty(bsz, heads, tgt_len, src_len, dtype=sum_dtype, device=q.device)
-        out = torch.empty_like(q)
+        out = torch.empty(tgt_len, bsz, heads, head_dim, dtype=q.dtype, device=q.device).permute(1, 2, 0, 3)
         m = torch.empty(bsz, heads, tgt_len, dtype=sum_dtype, device=q.device)
         l = torch.empty_like(m)  # noqa: E741
-        prev_dtype = None if prev is None else prev.dtype
-        if prev is not None:
-            prev = prev.to(sum_dtype).contiguous()
+        seed, offset = philox_seed_offset(q.device, a.numel()) if dropout_p > 0 else (HIGH, HIGH)
         consts, options = _settings(q, head_dim)
-        grid = (triton.cdiv(tgt_len, consts["BLOCK_M"]), bsz * heads)
         with _interpreter_fix():
-            _forward[grid](q, k, v, a if prev is None else prev, a if padding is None else padding, a, out, m, l,
-                           *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-                           heads, tgt_len, src_len, head_dim, scale, divisor,
-                           HAS_PREV=prev is not None, HAS_PAD=padding is not None, CAUSAL=causal,
-                           SKIP_FUTURE=skip_future, **consts, **options)
+            _forward[(triton.cdiv(tgt_len, consts["BLOCK_M"]), bsz * heads)](
+                q, k, v, a if prev is None else prev, _no_pad(q.device) if padding is None else padding, a, out, m, l,
+                *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+                heads, tgt_len, src_len, head_dim, scale, divisor, dropout_p, seed, offset, int(prev is not None),
+                int(padding is not None), int(causal), int(skip_future), **consts, **options)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v, out, a, m, l, padding)
-        ctx.settings = (prev_dtype, causal, skip_future, divisor, scale)
+        ctx.save_for_backward(q, k, v, out, m, l, padding, root, q1, k1)
+        ctx.settings = (None if prev is None else prev.dtype, causal, skip_future, divisor, scale, dropout_p, seed,
+                        offset)
         return out, a
 
     @staticmethod
     def backward(ctx, dout, da):
-        q, k, v, out, a, m, l, padding = ctx.saved_tensors  # noqa: E741
-        prev_dtype, causal, skip_future, divisor, scale = ctx.settings
+        q, k, v, out, m, l, padding, root, q1, k1 = ctx.saved_tensors  # noqa: E741
+        prev_dtype, causal, skip_future, divisor, scale, dropout_p, seed, offset = ctx.settings
         bsz, heads, tgt_len, head_dim = q.shape
         src_len = k.size(2)
         dout = torch.zeros_like(out) if dout is None else _rows(dout)
-        delta = (dout.to(a.dtype) * out.to(a.dtype)).sum(-1).contiguous()  # rowsum(P * dP) = rowsum(dO * out)
-        g = torch.empty_like(a)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         consts, options = _settings(q, head_dim)
+        delta = torch.empty_like(m)
+        g = torch.empty(bsz, heads, tgt_len, src_len, dtype=m.dtype, device=q.device)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        rows_grid = (triton.cdiv(tgt_len, consts["BLOCK_M"]), bsz * heads)
         with _interpreter_fix():
+            _delta[rows_grid](out, dout, delta, *out.stride()[:3], *dout.stride()[:3], heads, tgt_len, head_dim,
+                              BLOCK_M=consts["BLOCK_M"], BLOCK_D=consts["BLOCK_D"])
             _backward_kv[(triton.cdiv(src_len, consts["BLOCK_N"]), bsz * heads)](
-                q, v, dout, a, a if da is None else da.to(a.dtype).contiguous(),
-                a if padding is None else padding, m, l, delta, g, dk, dv,
-                *q.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3],
-                *dv.stride()[:3], heads, tgt_len, src_len, head_dim, scale, divisor,
-                HAS_GNEXT=da is not None, HAS_PAD=padding is not None, CAUSAL=causal, SKIP_FUTURE=skip_future,
-                **consts, **options)
-            _backward_q[(triton.cdiv(tgt_len, consts["BLOCK_M"]), bsz * heads)](
-                g, k, dq, *k.stride()[:3], *dq.stride()[:3], heads, tgt_len, src_len, head_dim, scale, **consts,
-                **options)
-        return dq, dk, dv, (None if prev_dtype is None else g.to(prev_dtype)), None, None, None, None, None
+                q, k, v, dout, g if root is None else root, q if q1 is None else q1, k if k1 is None else k1,
+                g if da is None else da.to(g.dtype).contiguous(), _no_pad(q.device) if padding is None else padding,
+                m, l, delta, g, dk, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3],
+                *dk.stride()[:3], *dv.stride()[:3], heads, tgt_len, src_len, head_dim, scale, divisor, dropout_p,
+                seed, offset, int(root is not None), int(q1 is not None), int(da is not None),
+                int(padding is not None), int(causal), int(skip_future), **consts, **options)
+            _backward_q[rows_grid](g, k, dq, *k.stride()[:3], *dq.stride()[:3], heads, tgt_len, src_len, head_dim,
+                                   scale, int(skip_future), **consts, **options)
+        dprev = None if prev_dtype is None else g.to(prev_dtype)
+        return (dq, dk, dv, dprev) + (None,) * 9
 
 
-def residual_attention(q, k, v, prev=None, key_padding_mask=None, *, causal=False, skip_future=False,
-                       divisor=1.0, scale=1.0):
-    """``(out, A_n)``: ``out = softmax(mask(A_n / divisor)) v`` with ``A_n = q k^T scale + prev``.
+def residual_attention(q, k, v, prev=None, key_padding_mask=None, *, chain=None, causal=False, skip_future=False,
+                       divisor=1.0, scale=1.0, dropout_p=0.0):
+    """``(out, A_n, chain)``: ``out = dropout(softmax(mask(A_n / divisor))) v`` with
+    ``A_n = (q k^T) scale + prev``; ``chain``: what the next layer of the path passes back here.
 
-    ``q`` ``[B, H, T, d]``; ``k``, ``v`` ``[B, H, S, d]`` (float16, bfloat16, float32 or
-    float64, all alike); ``prev``: ``A_{n-1}`` ``[B, H, T, S]`` or None (a path's first
-    layer); ``key_padding_mask``: ``[B, S]``, True at padding; ``causal``: query ``i``
-    sees keys ``j <= i`` only (``T == S``); ``skip_future``: causal, and no row sees only
-    padded keys. ``A_n`` is float32 (float64 for float64 inputs), ``out`` in the inputs' dtype."""
+    ``q`` ``[B, H, T, d]``; ``k``, ``v`` ``[B, H, S, d]`` (float16, bfloat16, float32 or float64,
+    all alike); ``prev``: ``A_{n-1}`` ``[B, H, T, S]`` or None (a path's first layer);
+    ``key_padding_mask``: ``[B, S]``, True at padding; ``causal``: query ``i`` sees keys ``j <= i``
+    only (``T == S``); ``skip_future``: causal, and no row sees only padded keys (``A_n`` is then
+    zero in blocks wholly above the diagonal). ``A_n`` is float32 (float64 for float64 inputs),
+    ``out`` in the inputs' dtype; dropout draws its seed from torch's generator per call."""
+    q, k, v = _rows(q), _rows(k), _rows(v)
     padding = None
     if key_padding_mask is not None:
         padding = key_padding_mask.to(torch.bool).contiguous().view(torch.uint8)
-    return ResidualAttention.apply(q, k, v, prev, padding, bool(causal), bool(causal and skip_future),
-                                   float(divisor), float(scale))
+    if prev is not None:
+        prev = prev.to(torch.float64 if q.dtype == torch.float64 else torch.float32).contiguous()
+    root, pairs = prev, ()
+    if chain is not None and chain[0] is prev and len(chain[2]) < EVERY:  # prev = root + its pairs
+        root, pairs = chain[1], chain[2]
+    if pairs and (pairs[0][0].stride() != q.stride() or pairs[0][1].stride() != k.stride()):
+        root, pairs = prev, ()
+    pairs += ((q, k),)
+    q1, k1 = pairs[0] if len(pairs) == 2 else (None, None)
+    out, a = ResidualAttention.apply(q, k, v, prev, padding, root, q1, k1, bool(causal),
+                                     bool(causal and skip_future), float(divisor), float(scale), float(dropout_p))
+    return out, a, (a, root, pairs)
+
+
+def keep_mask(shape, dropout_p: float, seed: int, offset: int, device="cpu") -> torch.Tensor:
+    """The ``[B, H, T, S]`` keep mask a call with this ``seed`` and ``offset`` applies (tests)."""
+    bsz, heads, tgt_len, src_len = shape
+    out = torch.empty(shape, dtype=torch.int8, device=device)
+    with _interpreter_fix():
+        _keep_mask[(triton.cdiv(tgt_len, 16), bsz * heads)](out, tgt_len, src_len, float(dropout_p), seed, offset,
+                                                              BLOCK_M=16, BLOCK_N=16)
+    return out.bool()

@@ -39,15 +39,13 @@ def _capability(index: int):
     return torch.cuda.get_device_capability(index)
 
 
-def unsupported(device: torch.device, dtype: Optional[torch.dtype] = None, dropout: bool = False,
+def unsupported(device: torch.device, dtype: Optional[torch.dtype] = None,
                 head_dim: Optional[int] = None) -> Optional[str]:
     """Why the ``triton`` kernel cannot run a call (None: it can). ``dtype``/``head_dim``
     None: not checked. On CPU it runs only in Triton's interpreter (``TRITON_INTERPRET=1``,
     set before triton is imported): a check of the kernel, not a way to train."""
     if _DISABLED:
         return _DISABLED[0]
-    if dropout:
-        return "attention dropout > 0, which the kernel does not implement"
     if not _installed():
         return "triton is not installed: pip install 'realformer-nmt[triton]'"
     if device.type == "cpu":
@@ -106,7 +104,7 @@ class TritonKernel:
                                               attn_mask, False, prev_state)
         from .triton import residual_attention
 
-        q, k, v = self._project(query, key, value)  # [B, H, T|S, d]; q scaled by 1/sqrt(d)
+        q, k, v = self._project(query, key, value, scaled=False)  # [B, H, T|S, d]; the kernel scales
         prev, terms = None, 1
         if prev_state is not None:
             prev = prev_state.running_sum()
@@ -117,6 +115,7 @@ class TritonKernel:
             terms += prev_state.terms
         # the causal kernel skips what lies above the diagonal unless a row sees only padded keys
         skip_future = causal and (key_padding_mask is None or facts.dead_rows is None)
-        out, scores = residual_attention(q, k, v, prev, key_padding_mask, causal=causal, skip_future=skip_future,
-                                         divisor=self._divisor(terms), scale=1.0)
-        return self._project_out(out, tgt_len, bsz), None, ResidualState.of_scores(scores, terms)
+        out, scores, rebuild = residual_attention(
+            q, k, v, prev, key_padding_mask, chain=None if prev_state is None else prev_state.rebuild, causal=causal,
+            skip_future=skip_future, divisor=self._divisor(terms), scale=self.scaling, dropout_p=self._dropout_p())
+        return self._project_out(out, tgt_len, bsz), None, ResidualState(scores=scores, terms=terms, rebuild=rebuild)
