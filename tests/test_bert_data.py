@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 from bert_helpers import REPO, WIKITEXT2, prepared_wikitext2
-from conftest import cli_env
 from fairseq.data import Dictionary, data_utils
+from inprocess import run_in_process
 
 from realformer_nmt.errors import DataError
 from realformer_nmt.tasks.masked_lm_nsp import MaskedLMNextSentenceTask, MaskedLMNSPConfig
@@ -27,6 +27,12 @@ from realformer_nmt.tasks.next_sentence_pairs import (
 from realformer_tools.data import pretraining, wikitext
 
 SCRIPT = REPO / "scripts" / "prepare_pretraining_data.py"
+
+
+def script(*args):
+    """The script's main in this process (tests/inprocess.py: stdout, stderr and exit status as a
+    subprocess gives them); --help runs the script itself."""
+    return run_in_process("realformer-prepare-pretraining-data", *args, check=False, fixes=False, argv0=SCRIPT)
 
 # --------------------------------------------------------------------------------------
 # Documents
@@ -213,20 +219,18 @@ def test_bad_input_is_one_clear_error(tmp_path, problem, message):
 def test_script_reports_errors_in_one_line(tmp_path):
     (tmp_path / "train.txt").write_bytes(b"\xff\xfe\n")
     (tmp_path / "valid.txt").write_text("fine\n")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--raw-dir", str(tmp_path), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, env=cli_env(), timeout=300)
+    proc = script("--raw-dir", tmp_path, "--out", tmp_path / "o")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         f"prepare_pretraining_data.py: error: {tmp_path / 'train.txt'} is not valid UTF-8 (1 line with invalid bytes)")
     assert "Traceback" not in proc.stderr
-    missing = subprocess.run([sys.executable, str(SCRIPT), "--raw-dir", str(tmp_path / "nope"), "--out",
-                              str(tmp_path / "o2")],
-                             capture_output=True, text=True, env=cli_env(), timeout=60)
+    missing = script("--raw-dir", tmp_path / "nope", "--out", tmp_path / "o2")
     assert missing.returncode == 2 and missing.stderr.strip() == (
         f"prepare_pretraining_data.py: error: --raw-dir {tmp_path / 'nope'} is not a directory: give a folder of "
         "raw text holding train.txt or wiki.train.tokens and valid.txt or wiki.valid.tokens (WikiText-2's archive "
         "has the wiki.*.tokens files)")
     assert not (tmp_path / "o2").exists()
+    # the script itself, as a user runs it, in its own process
     assert "--vocab-size" in subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True,
                                             text=True, timeout=60).stdout
 
@@ -388,9 +392,7 @@ def test_script_lists_every_piece_by_default_and_the_train_texts_with_no_full_vo
     raw, library, _ = small_corpus
     assert _pieces_missing_from(library)  # the train text leaves pieces out: the case that matters
     for flags, out in (([], tmp_path / "full"), (["--no-full-vocabulary"], tmp_path / "train_only")):
-        proc = subprocess.run([sys.executable, str(SCRIPT), "--raw-dir", str(raw), "--out", str(out),
-                               "--vocab-size", "60", *flags], capture_output=True, text=True, env=cli_env(),
-                              timeout=300)
+        proc = script("--raw-dir", raw, "--out", out, "--vocab-size", "60", *flags)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert json.loads(proc.stdout)["settings"].get("full_vocabulary", False) is not bool(flags)
         assert (out / "train.bin").read_bytes() == (library / "train.bin").read_bytes()
