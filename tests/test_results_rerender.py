@@ -407,7 +407,8 @@ def _committed_record(row, backbone, key):
 
 def test_summary_rows_are_the_committed_seed_paired_records():
     """Every row's cells are the committed records; rows holding the same runs are one row (the
-    same seeds: ``a = b``; a row's seeds part of another's: ``bigger ⊃ smaller (seeds ...)``);
+    same seeds: ``a = b``; a row's seeds part of another's: ``bigger [its seeds ... = smaller]``);
+    a comparison's row names the test set it is scored on;
     the blocks come in order, the deep block by depth then learning rate (the 12+12 rows
     together), and the path ablation has its rows."""
     from realformer_tools.experiments.translation import summary
@@ -416,13 +417,14 @@ def test_summary_rows_are_the_committed_seed_paired_records():
     labels = [summary.row_label(r) for r in rows]
     blocks = [r["block"] for r in rows]
     assert blocks == sorted(blocks, key=[b for b, _ in summary.BLOCKS].index)
-    assert labels[0] == ("comparison ⊃ path ablation (all three paths, seeds 1-2): En→De, 3+3, lr 1e-3, 1800 upd.")
+    assert labels[0] == ("comparison (on test_2016_flickr) [its seeds 1-2 = path ablation, all three paths]: "
+                         "En→De, 3+3, lr 1e-3, 1800 upd.")
     assert "comparison: En→Fr, 3+3, lr 1e-3, 1800 upd." in labels
     assert [lab for lab in labels if lab.startswith("path ablation")] == [
         f"path ablation ({p} path only): En→De, 3+3, lr 1e-3, 1800 upd." for p in ("encoder", "decoder", "cross")]
     # the 6+6 lr 1e-3 runs: once, the grid's three seeds holding the depth test's two
     six = [lab for lab in labels if ", 6+6, lr 1e-3," in lab]
-    assert six == ["stability limit ⊃ depth stress (seeds 1-2): En→De, 6+6, lr 1e-3, 1200 upd."]
+    assert six == ["stability limit [its seeds 1-2 = depth stress]: En→De, 6+6, lr 1e-3, 1200 upd."]
     assert "depth stress = stability limit: En→De, 12+12, lr 1e-3, 1200 upd." in labels
     deep = [(r["depth"], r["lr"]) for r in rows if r["block"] == "deep"]
     assert deep == sorted(deep) and [d for d, _ in deep] == [6] * 4 + [12] * 3
@@ -439,9 +441,35 @@ def test_summary_rows_are_the_committed_seed_paired_records():
     de = rows[0]["cells"]
     rec = json.loads((RESULTS / "multi30k_en_de.json").read_text())["realformer_preln"]["seed_paired_vs_preln"]
     n = len(rec["per_seed"])
-    assert summary.cell_text(de[1]) == f"{rec['mean']:+.2f} [{rec['ci95'][0]:+.2f}, {rec['ci95'][1]:+.2f}], n={n}"
+    first_line = f"{rec['mean']:+.2f} [{rec['ci95'][0]:+.2f}, {rec['ci95'][1]:+.2f}], n={n}"
+    assert summary.cell_text(de[1]).splitlines()[0] == first_line  # then its interval corrected for 3 sets
     lagging = next(r for r in rows if r["depth"] == 12 and r["lr"] == 2.5e-4)["cells"][0]
     assert summary.cell_text(lagging) == "-0.31, -0.56  (both lagging)"
+    # the Pre-LN pair's seeds 1-5 are reruns that did not reproduce their committed runs: marked
+    runs = json.loads((RESULTS / "multi30k_en_de.json").read_text())["reproducibility"]["runs"]
+    reruns = sorted({r["seed"] for r in runs if r.get("committed_in") and not r["bleu_equal"]})
+    assert reruns == [1, 2, 3, 4, 5] and de[1]["reruns"] == reruns and de[0]["reruns"] == []
+
+
+def test_one_of_several_test_sets_is_filled_only_if_its_corrected_interval_excludes_zero():
+    """test_2017_flickr's interval (+0.04 to +0.58) excludes zero, but it is one of three test
+    sets: corrected for three (Bonferroni, t at 1 - 0.025 / 3, from the per-seed differences
+    here) it holds zero, so the summary draws it hollow and prints both intervals."""
+    from scipy.stats import t
+
+    from realformer_tools.experiments.translation import summary
+
+    rows = summary.summary_rows(str(RESULTS))
+    flickr = next(r for r in rows if r.get("variant") == "on test_2017_flickr")["cells"][1]
+    d = flickr["per_seed"]
+    mean, sd = statistics.mean(d), statistics.stdev(d)
+    half = t.ppf(1 - 0.025 / 3, len(d) - 1) * sd / math.sqrt(len(d))
+    assert flickr["family"] == 3 and flickr["ci95"][0] > 0
+    assert summary.corrected(flickr) == pytest.approx([mean - half, mean + half])
+    assert mean - half < 0 < mean + half
+    assert f"3 sets, corrected: [{mean - half:+.2f}, {mean + half:+.2f}]" in summary.cell_text(flickr)
+    mean_row = next(r for r in rows if r.get("variant") == "mean of the test sets")["cells"][1]
+    assert mean_row["family"] == 1 and summary.corrected(mean_row) == mean_row["ci95"]
 
 
 def test_summary_axes_fit_the_data_and_numbers_stay_in_their_column():
@@ -473,6 +501,12 @@ def test_summary_axes_fit_the_data_and_numbers_stay_in_their_column():
     fig = summary.draw_summary(rows)
     renderer = fig.canvas.get_renderer()
     columns = fig.text_columns
+    # the two panels of a block share one x-scale (the same rows, read across, on the same axis)
+    by_block = {}
+    for ax, _, _ in columns:
+        by_block.setdefault(round(ax.get_position().y0, 4), []).append(ax.get_xlim())
+    assert any(len(limits) == 2 for limits in by_block.values())
+    assert all(len(set(limits)) == 1 for limits in by_block.values()), by_block
     assert sum(len(texts) for _, _, texts in columns) == sum(c is not None for r in rows for c in r["cells"])
     right_edges = sorted({ax.get_window_extent(renderer).x0 for ax, _, _ in columns})
     for _, text_ax, texts in columns:

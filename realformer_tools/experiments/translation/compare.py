@@ -10,12 +10,11 @@ import statistics
 from realformer_nmt.errors import ConfigError
 
 from .. import fairseq_runs
-from .figures import COLORS, pyplot
+from .figures import COLORS, curve_over_seeds, paired_curves, pyplot
 from .recipe import BACKBONES, MAIN_ORDER, corpus_info, test_references
 from .report import (
     SEED_PAIRED_NOTE,
     bleu_cell,
-    excludes_zero,
     fmt,
     not_run_lines,
     paired_cell,
@@ -40,7 +39,9 @@ from .stats import (
     PAIRED_TEST_NOTE,
     add_seed_paired,
     add_test_set_paired,
+    corrected_interval,
     paired_vs,
+    rerun_seeds,
     summarize_backbone,
     test_set_entries,
 )
@@ -382,11 +383,17 @@ def reproducibility_lines(summary):
 QUESTIONS = (("realformer", "postln"), ("realformer_preln", "preln"))  # the two a comparison answers
 
 
+PAIRED_CURVES = (("realformer", "postln"), ("preln", "postln"), ("realformer_preln", "preln"))
+
+
 def plot_comparison(summary, path):
-    """Validation loss against updates, one line per backbone (mean, min-max band over seeds);
-    the middle panel zooms on the second half of training, where the backbones separate. With
-    several test sets, a third panel: RealFormer minus Post-LN and RealFormer on Pre-LN minus
-    Pre-LN, same seed, on each test set and their mean (each seed, the mean and its 95% interval)."""
+    """Left: the validation loss minus the reference's on the same seed at every validation
+    (RealFormer and Pre-LN minus Post-LN, RealFormer on Pre-LN minus Pre-LN; the mean, and
+    the smallest to largest seed's difference), where the backbones' own curves lie on top
+    of each other. Middle: the second half of training, each backbone's curve over the seeds
+    every backbone has, so that every band (min-max) covers as many seeds. With several test
+    sets, right: RealFormer minus Post-LN and RealFormer on Pre-LN minus Pre-LN, same seed, on
+    each test set and their mean (``plot_test_sets``)."""
     plt = pyplot()
     backbones = [b for b in MAIN_ORDER if b in summary]
     names = test_set_names(summary, backbones)
@@ -394,26 +401,49 @@ def plot_comparison(summary, path):
                  and (summary[b].get(f"seed_paired_vs_{ref}_by_test_set") or {})]
     sets_panel = len(names) > 1 and bool(questions)
     fig, axes = plt.subplots(1, 3 if sets_panel else 2, figsize=(18 if sets_panel else 12, 4.5))
+    ax = axes[0]
+    for b, ref in PAIRED_CURVES:
+        if b not in summary or ref not in summary:
+            continue
+        points = paired_curves(summary[b], summary[ref])
+        seeds = [seed for seed in summary[b]["seeds"] if seed in summary[ref]["seeds"]]
+        if not points:
+            continue
+        xs = [u for u, _, _, _ in points]
+        ax.plot(xs, [m for _, m, _, _ in points], marker="o", markersize=3, color=COLORS[b],
+                label=f"{b} − {NAMES[ref]} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})")
+        if len(seeds) > 1:
+            ax.fill_between(xs, [lo for _, _, lo, _ in points], [hi for _, _, _, hi in points], color=COLORS[b],
+                            alpha=0.15)
+    ax.axhline(0, color="black", lw=1)
+    ax.set_xlabel("updates")
+    ax.set_ylabel("Δ validation loss, same seed")
+    ax.set_title("validation loss minus the reference's, same seed\n(mean; band: smallest to largest seed)",
+                 fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    shared = [seed for seed in summary[backbones[0]]["seeds"] if all(seed in summary[b]["seeds"] for b in backbones)]
     last = max([u for b in backbones for u, _ in summary[b]["curve"]] or [0])
-    for zoom, ax in enumerate(axes[:2]):
-        for b in backbones:
-            s = summary[b]
-            keep = [i for i, (u, _) in enumerate(s["curve"]) if not zoom or u >= last / 2]
-            if not keep:
-                continue
-            xs, ys = [s["curve"][i][0] for i in keep], [s["curve"][i][1] for i in keep]
-            label = f"{b} (test BLEU {spread(s['bleu'], s['bleu_std'], s['bleu_per_seed'])})"
-            ax.plot(xs, ys, marker="o", markersize=3, color=COLORS[b], label=label)
-            if len(s["seeds"]) > 1:
-                band = [s["curve_min_max"][i] for i in keep]
-                ax.fill_between([u for u, _, _ in band], [lo for _, lo, _ in band], [hi for _, _, hi in band],
-                                color=COLORS[b], alpha=0.2)
-        ax.set_xlabel("updates")
-        ax.grid(alpha=0.3)
-        ax.set_title("second half (zoom)" if zoom else "validation loss"
-                     + ("" if len(summary[backbones[0]]["seeds"]) == 1 else " (mean, min-max over seeds)"))
-    axes[0].set_ylabel("validation loss (label-smoothed, base 2)")
-    axes[0].legend()
+    ax = axes[1]
+    for b in backbones:
+        s = summary[b]
+        points = [p for p in curve_over_seeds(s, shared) if p[0] >= last / 2]
+        label = (f"{b} (test BLEU {spread(s['bleu'], s['bleu_std'], s['bleu_per_seed'])}, "
+                 f"{len(s['bleu_per_seed'])} seed{'s' if len(s['bleu_per_seed']) > 1 else ''})")
+        if not points:
+            ax.plot([], [], color=COLORS[b], label=label + ": no finite valid loss")
+            continue
+        xs = [u for u, _, _, _ in points]
+        ax.plot(xs, [m for _, m, _, _ in points], marker="o", markersize=3, color=COLORS[b], label=label)
+        if len(shared) > 1:
+            ax.fill_between(xs, [lo for _, _, lo, _ in points], [hi for _, _, _, hi in points], color=COLORS[b],
+                            alpha=0.15)
+    ax.set_xlabel("updates")
+    ax.set_ylabel("validation loss (label-smoothed, base 2)")
+    ax.grid(alpha=0.3)
+    ax.set_title(f"second half, seeds {_seed_range(shared)} (the seeds every backbone has)"
+                 + ("\n(mean, min-max over those seeds)" if len(shared) > 1 else ""), fontsize=10)
+    ax.legend(fontsize=8)
     if sets_panel:
         plot_test_sets(axes[2], summary, names, questions)
     fig.suptitle(f"{summary['title']}: Post-LN vs Pre-LN vs RealFormer")
@@ -422,30 +452,46 @@ def plot_comparison(summary, path):
     plt.close(fig)
 
 
+def _seed_range(seeds):
+    return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[-1] + 1)) \
+        else ", ".join(map(str, seeds))
+
+
 def plot_test_sets(ax, summary, names, questions):
-    """Seed-paired BLEU differences per test set and over the sets: dots each seed, a diamond
-    the mean (filled where its 95% interval excludes zero) with the interval."""
+    """Seed-paired BLEU differences per test set and over the sets: dots each seed (crosses:
+    seeds whose run was trained again and did not reproduce its committed run), a diamond the
+    mean with its 95% interval, and, per set, the thin interval corrected for the number of
+    sets (Bonferroni); the diamond is filled where the corrected interval excludes zero."""
     columns = names + ["mean of the sets"]
     width = 0.8 / len(questions)
     for q, (b, ref) in enumerate(questions):
         by_set = dict(summary[b].get(f"seed_paired_vs_{ref}_by_test_set") or {})
+        family = len(by_set)
         by_set["mean of the sets"] = summary[b].get(f"seed_paired_vs_{ref}_over_test_sets")
+        reruns = rerun_seeds(summary, (b, ref))
         color = COLORS[b]
         for i, name in enumerate(columns):
             record = by_set.get(name)
             if not record or not record["per_seed"]:
                 continue
             x = i + (q - (len(questions) - 1) / 2) * width
-            ax.plot([x] * len(record["per_seed"]), record["per_seed"], "o", ms=3, color=color, alpha=0.45)
+            for mark, keep in (("o", False), ("x", True)):
+                values = [v for seed, v in zip(record["seeds"], record["per_seed"]) if (seed in reruns) == keep]
+                ax.plot([x] * len(values), values, mark, ms=3.5, color=color, alpha=0.5)
+            one_set = name != "mean of the sets" and family > 1
+            corrected = corrected_interval(record, family) if one_set else record.get("ci95")
             if record.get("ci95"):
-                ax.plot([x, x], record["ci95"], color=color, lw=2)
-            clear = excludes_zero(record)
+                ax.plot([x, x], record["ci95"], color=color, lw=2.5)
+            if corrected and one_set:
+                ax.plot([x + 0.06, x + 0.06], corrected, color=color, lw=0.9)
+            clear = bool(corrected) and (corrected[0] > 0 or corrected[1] < 0)
             ax.plot([x], [record["mean"]], "D", ms=7, mec=color, mew=1.5, color=color if clear else "white",
                     label=f"{b} − {NAMES[ref]}" if i == 0 else None)
     ax.axhline(0, color="black", lw=1)
     ax.set_xticks(range(len(columns)))
     ax.set_xticklabels([n.replace("test_", "").replace("_", " ") for n in columns], fontsize=9)
     ax.set_ylabel("ΔBLEU, same seed")
-    ax.set_title("ΔBLEU per test set, same seed (◆ mean, 95% interval; dots: seeds)", fontsize=10)
+    ax.set_title(f"ΔBLEU per test set, same seed: ◆ mean, thick 95% interval, thin corrected for {len(names)} sets\n"
+                 "(filled: the corrected one excludes 0); dots: seeds, x: rerun seeds", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)

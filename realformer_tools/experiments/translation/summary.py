@@ -18,9 +18,14 @@ learning-rate sweep, drawn faint (a quick look, not a test); the masked LM (accu
 The rows come from the study JSONs found in a folder (``summary_rows``), so a study added
 later appears without any change here. Rows that hold the same runs are drawn once: the
 same seeds under both studies' names (``depth stress = stability limit``), or a row whose
-seeds are part of another's under the larger one (``stability limit ⊃ depth stress``: the
-grid added seed 3 to the depth test's seeds 1-2; ``comparison ⊃ path ablation``: the
-ablation's all-paths row is the comparison's seeds 1-2).
+seeds are part of another's under the larger one (``stability limit [its seeds 1-2 = depth
+stress]``: the grid added seed 3 to the depth test's seeds 1-2; ``comparison [its seeds 1-2 =
+path ablation, all three paths]``). A comparison's row names the test set it is scored on.
+
+Where a comparison was scored on several test sets, each set's interval is also drawn
+corrected for their number (Bonferroni), and only that one decides whether the mean is
+filled; seeds whose run was trained again without reproducing its committed run are drawn
+as crosses (``reproducibility`` in the JSON). Both panels of a block share one x-scale.
 """
 
 import glob
@@ -29,6 +34,7 @@ import os
 
 from .figures import pyplot
 from .recipe import MAIN_ORDER
+from .stats import corrected_interval, rerun_seeds
 
 COMPARISONS = (("realformer", "seed_paired_vs_postln", "RealFormer − Post-LN"),
                ("realformer_preln", "seed_paired_vs_preln", "RealFormer on Pre-LN − Pre-LN"))
@@ -89,18 +95,30 @@ def _ok(statuses):
     return any(st in ("ok", "finished") for st in statuses)
 
 
-def _cell(entry, key, entries, record=None):
-    """One comparison of a row: the record and whether every run on both sides lagged or diverged."""
+def _cell(entry, key, entries, record=None, family=1, reruns=()):
+    """One comparison of a row: the record, whether every run on both sides lagged or diverged,
+    how many test sets it is one of (``family``: its interval corrected for them) and the
+    seeds whose runs were trained again without reproducing the committed ones."""
     record = record if record is not None else (entry or {}).get(key)
     if not record or not record.get("per_seed"):
         return None
     reference = entries.get(REFERENCE[key]) or {}
     failed = not _ok((entry or {}).get("status_per_seed", [])) and not _ok(reference.get("status_per_seed", []))
-    return dict(record, failed=failed)
+    return dict(record, failed=failed, family=family, reruns=[seed for seed in reruns if seed in record["seeds"]])
+
+
+def _family(entry, key):
+    """How many test sets a comparison's record was scored on (1: its headline only)."""
+    return max(1, len((entry or {}).get(f"{key}_by_test_set") or {}))
+
+
+def _reruns(summary, backbone, key):
+    return rerun_seeds(summary, (backbone, REFERENCE[key])) if "reproducibility" in summary else []
 
 
 def _entry_cells(entries):
-    return [_cell(entries.get(backbone), key, entries) for backbone, key, _ in COMPARISONS]
+    return [_cell(entries.get(backbone), key, entries, family=_family(entries.get(backbone), key),
+                  reruns=_reruns(entries, backbone, key)) for backbone, key, _ in COMPARISONS]
 
 
 def _sweep_cells(summary, lr_key):
@@ -125,11 +143,21 @@ def _test_set_rows(summary, base):
         cells = []
         for backbone, key, _ in COMPARISONS:
             entry = summary.get(backbone) or {}
-            record = (entry.get(f"{key}_over_test_sets") if name == "mean of the test sets"
-                      else (entry.get(f"{key}_by_test_set") or {}).get(name))
-            cells.append(_cell(entry, key, summary, record or {}))
+            mean = name == "mean of the test sets"
+            record = entry.get(f"{key}_over_test_sets") if mean else (entry.get(f"{key}_by_test_set") or {}).get(name)
+            cells.append(_cell(entry, key, summary, record or {}, family=1 if mean else _family(entry, key),
+                               reruns=_reruns(summary, backbone, key)))
         rows.append(dict(base, variant=name if name.startswith("mean") else f"on {name}", cells=cells))
     return rows
+
+
+def _headline_set(summary):
+    """The test set a comparison's own records are scored on, where it names its sets."""
+    for backbone, key, _ in COMPARISONS:
+        names = list((summary.get(backbone) or {}).get(f"{key}_by_test_set") or {})
+        if names:
+            return names[0]
+    return ((summary.get("test_sets") or [{}])[0]).get("name")
 
 
 def rows_of(summary, kind, name):
@@ -139,7 +167,8 @@ def rows_of(summary, kind, name):
                 pair="WikiText-2" if kind == "mlm" else pair_label(summary))
     if kind in ("comparison", "mlm"):
         base.update(depth=settings.get("layers"), lr=settings.get("lr"))
-        rows = [dict(base, cells=_entry_cells(summary))]
+        headline = _headline_set(summary) if kind == "comparison" else None
+        rows = [dict(base, cells=_entry_cells(summary), test_set=headline)]
         return rows + (_test_set_rows(summary, base) if kind == "comparison" else [])
     if kind == "ablation":
         base.update(depth=settings.get("layers"), lr=settings.get("lr"))
@@ -220,8 +249,8 @@ def summary_rows(folder):
             kept.append(row)
         else:
             seeds = sorted({seed for c in row["cells"] if c for seed in c["seeds"]})
-            what = "all three paths, " if row["variant"] == "all three paths" else ""
-            bigger["study"] += f" ⊃ {row['study']} ({what}seeds {_seed_list(seeds)})"
+            what = ", all three paths" if row["variant"] == "all three paths" else ""
+            bigger.setdefault("holds", []).append(f"its seeds {_seed_list(seeds)} = {row['study']}{what}")
     blocks = [b for b, _ in BLOCKS]
     order = {id(r): i for i, r in enumerate(kept)}
 
@@ -239,14 +268,27 @@ def _seed_list(seeds):
 def row_label(row):
     depth = f"{row['depth']}+{row['depth']}" if row["kind"] != "mlm" else f"{row['depth']} layers"
     updates = f", {row['updates']} upd." if row["updates"] else ""
-    variant = f" ({row['variant']})" if row.get("variant") else ""
-    return f"{row['study']}{variant}: {row['pair']}, {depth}, lr {lr_label(row['lr'])}{updates}"
+    variant = row.get("variant") or (f"on {row['test_set']}" if row.get("test_set") else None)
+    variant = f" ({variant})" if variant else ""
+    holds = "".join(f" [{h}]" for h in row.get("holds", []))
+    return f"{row['study']}{variant}{holds}: {row['pair']}, {depth}, lr {lr_label(row['lr'])}{updates}"
+
+
+def corrected(cell):
+    """The interval that decides a cell's fill: its 95% interval, corrected (Bonferroni) for
+    the number of test sets where it is one of several; None without an interval."""
+    if not cell.get("ci95"):
+        return None
+    return corrected_interval(cell, cell["family"]) if cell.get("family", 1) > 1 else cell["ci95"]
 
 
 def cell_text(cell):
     n = len(cell["per_seed"])
     if cell.get("ci95"):
         text = f"{cell['mean']:+.2f} [{cell['ci95'][0]:+.2f}, {cell['ci95'][1]:+.2f}], n={n}"
+        if cell.get("family", 1) > 1:
+            low, high = corrected(cell)
+            text += f"\n{cell['family']} sets, corrected: [{low:+.2f}, {high:+.2f}]"
     else:
         text = ", ".join(f"{d:+.2f}" for d in cell["per_seed"]) + (" (1 seed)" if n == 1 else "")
     return text + ("  (both lagging)" if cell["failed"] else "")
@@ -274,7 +316,11 @@ def _draw_cell(ax, y, cell, color, limits, faint=False):
     alpha, size = (0.45, 4.5) if faint else (1.0, 6.5)
     if cell.get("ci95"):
         low, high = cell["ci95"]
-        clear = low > 0 or high < 0
+        decides = corrected(cell)
+        clear = decides[0] > 0 or decides[1] < 0
+        if cell.get("family", 1) > 1:  # the corrected interval, thin, under the 95% one
+            a, b = max(decides[0], lo_lim), min(decides[1], hi_lim)
+            ax.plot([a, b], [y - 0.28, y - 0.28], color=color, lw=0.9, zorder=2, alpha=alpha)
         a, b = max(low, lo_lim), min(high, hi_lim)
         ax.plot([a, b], [y, y], color=color, lw=2.2, solid_capstyle="butt", zorder=2, alpha=alpha)
         for end, inside, marker in ((low, low >= lo_lim, "<"), (high, high <= hi_lim, ">")):
@@ -284,7 +330,9 @@ def _draw_cell(ax, y, cell, color, limits, faint=False):
                 ax.plot([lo_lim if marker == "<" else hi_lim], [y], marker, ms=7, color=color, zorder=3,
                         clip_on=False)
         ax.plot([cell["mean"]], [y], "D", ms=7, color=color if clear else "white", mec=color, mew=1.6, zorder=3)
-        ax.plot(seeds, [y] * len(seeds), "|", ms=9, color="0.35", zorder=4)
+        for mark, rerun in (("|", False), ("x", True)):
+            values = [v for seed, v in zip(cell["seeds"], seeds) if (seed in cell.get("reruns", ())) == rerun]
+            ax.plot(values, [y] * len(values), mark, ms=9 if mark == "|" else 5, color="0.35", zorder=4)
     else:
         if len(seeds) > 1:
             ax.plot([min(seeds), max(seeds)], [y, y], color=color, lw=0.8, ls=":", zorder=2, alpha=alpha)
@@ -307,7 +355,7 @@ def draw_summary(rows):
     blocks = [(key, title, [r for r in rows if r["block"] == key]) for key, title in BLOCKS]
     blocks = [b for b in blocks if b[2]]
     heights = [len(group) + 1.1 for _, _, group in blocks]
-    fig, axes = plt.subplots(len(blocks), 4, figsize=(18, 0.36 * sum(heights) + 1.6), squeeze=False,
+    fig, axes = plt.subplots(len(blocks), 4, figsize=(18, 0.44 * sum(heights) + 1.6), squeeze=False,
                              gridspec_kw={"height_ratios": heights, "hspace": 0.5, "wspace": 0.02,
                                           "width_ratios": [3.0, 2.0, 3.0, 2.0]})
     colors = ("#1f5fa8", "#c0561b")
@@ -323,7 +371,7 @@ def draw_summary(rows):
                 ax.text(0.0, 0.5, f"{COMPARISONS[col][2]}: not run in this study",
                         transform=ax.transAxes, va="center", fontsize=9, color="0.5")
                 continue
-            limits = _limits(cells)
+            limits = _limits([c for r in group for c in r["cells"] if c])  # one x-scale for the block's panels
             texts = []
             text_columns.append((ax, text_ax, texts))
             ax.axvline(0, color="black", lw=1)
@@ -339,7 +387,7 @@ def draw_summary(rows):
                     text_ax.text(0.02, y, empty, va="center", fontsize=8.5, color="0.55")
                     continue
                 _draw_cell(ax, y, cell, "0.45" if faint else colors[col], limits, faint)
-                texts.append(text_ax.text(0.02, y, cell_text(cell), va="center", fontsize=8.5,
+                texts.append(text_ax.text(0.02, y, cell_text(cell), va="center", fontsize=8.5, linespacing=1.0,
                                           color="0.45" if faint else "0.1", style="italic" if faint else "normal"))
             for a in (ax, text_ax):
                 a.set_ylim(0.4, len(group) + 0.6)
@@ -361,8 +409,10 @@ def draw_summary(rows):
                             fontsize=9.5, fontweight="bold", color="0.3", ha="left", va="bottom",
                             annotation_clip=False)
     fig.suptitle("Seed-paired differences, every study (results/*.json): ◆ mean with its 95% interval (filled: "
-                 "excludes 0; | each seed; ▶ the interval runs on, its ends printed); ○ each seed where there are "
-                 "one or two", fontsize=10, y=0.998)
+                 "excludes 0; one of several test sets: its thin interval, corrected for their number, does); | each "
+                 "seed, × a seed trained again\nthat did not reproduce its committed run; ▶ the interval runs on, its "
+                 "ends printed; ○ each seed where there are one or two; both panels of a block share one x-scale",
+                 fontsize=10, y=1.005)
     fig.text_columns = text_columns
     return fig
 
