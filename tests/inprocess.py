@@ -24,7 +24,7 @@ What a subprocess gives for free is made here, and undone after each call:
   Python does at a process's top level: with the one-line error hook, one line) and the exit
   status is 1; ``SystemExit`` gives its code.
 
-The fixes to fairseq: with ``fixes=True`` (the default, as every fairseq tool the suite starts)
+The fixes to fairseq: with ``fixes=True`` (the default, as ``cli_helpers.run`` starts a tool)
 the call runs inside ``realformer_tools.launch.fixes_installed(data_fixes=..., cpu_bf16=...)``
 when the launcher exists, and is the launcher's own ``main`` for a fairseq command (the same
 code as ``realformer-fairseq <command> ...``). Before the launcher existed the fixes were
@@ -178,12 +178,13 @@ def _show_warning(stream):
     return show
 
 
-def run_in_process(tool, *args, check=True, input=None, env=None, cwd=None, fixes=True, data_fixes=True,
+def run_in_process(tool, *args, check=True, input=None, env=None, cwd=None, fixes=True, data_fixes=False,
                    cpu_bf16=False, threads=1, argv0=None):
     """Run the console command ``tool`` with ``args`` in this process, as ``cli_helpers.run`` runs
     it in a subprocess; returns ``subprocess.CompletedProcess(argv, returncode, stdout, stderr)``.
 
-    ``fixes``/``data_fixes``/``cpu_bf16``: the fixes to fairseq the run gets (module docstring).
+    ``fixes``/``data_fixes``/``cpu_bf16``: the fixes to fairseq the run gets (module docstring), the
+    defaults of ``cli_helpers.run``: the launcher's always-on fixes, not the data or bf16 ones.
     ``env``: variables added for the call. ``threads``: torch's intra-op threads meanwhile.
     ``argv0``: ``sys.argv[0]`` (default ``<venv>/bin/<tool>``), e.g. the script under ``scripts/``
     that runs the same function, whose name argparse prints.

@@ -17,13 +17,14 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from cli_helpers import TINY_FLAGS, run
+from cli_helpers import TINY_FLAGS
 from conftest import USER_DIR, batch, build, trains
 from fairseq import checkpoint_utils, options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models.fairseq_model import BaseFairseqModel
 from fairseq.optim import FP16Optimizer, MemoryEfficientFP16Optimizer
 from fairseq.trainer import Trainer
+from inprocess import run_in_process
 
 from realformer_nmt.errors import ConfigError
 from realformer_nmt.modules import ResidualMultiheadAttention
@@ -217,6 +218,12 @@ def test_trainer_updates_a_low_precision_model_through_fairseq_optimizers(
 # --------------------------------------------------------------------------------------
 # through the real fairseq-train / fairseq-generate
 # --------------------------------------------------------------------------------------
+
+
+def run(tool, *args, check=True):
+    """``tool`` in this process (tests/inprocess.py: the launcher's ``main`` with ``--cpu-bf16``,
+    stdout, stderr and exit status as a subprocess gives them)."""
+    return run_in_process(tool, *args, check=check, cpu_bf16=True)
 
 
 def cli_train(data_bin, save, *flags, arch="realformer_transformer", updates=UPDATES):
