@@ -13,6 +13,7 @@ before triton is imported), with CUDA on the GPU. Without triton these tests are
 except the ones that check the plugin works without it.
 """
 
+import contextlib
 import importlib
 import logging
 import os
@@ -295,6 +296,112 @@ def test_half_precision_within_fairseqs_own_error(kernels, layout, dtype):
           + " | fairseq recipe " + " ".join(f"{e:.1e}" for e in theirs))
     for name, mine, yardstick in zip(NAMES, ours, theirs):
         assert mine <= 2 * yardstick + 1e-6, f"{name}: {mine:.1e} against fairseq's {yardstick:.1e}"
+
+
+# --------------------------------------------------------------------------------------
+# What a path stores, and what backward rebuilds
+# --------------------------------------------------------------------------------------
+
+def run_path(module, layout, dtype, layers=5, record=None, dropout_p=0.0):
+    """A path of ``layers`` layers (mean mode) on the inputs of ``layout``: outputs, sums and every
+    gradient; ``record``: a list that receives each tensor autograd saves (its data pointer)."""
+    device = torch.device(module.INTERPRETED and "cpu" or "cuda")
+    causal, side = LAYOUTS[layout][:2]
+    tensors = [inputs(layout, "middle", 32, device.type, seed=n)[0] for n in range(layers)]
+    pad = tensors[0][4]
+    leaves = [[t.to(dtype).requires_grad_(True) for t in layer[:3]] for layer in tensors]
+    prev = chain = None
+    outs, sums = [], []
+    hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: record.append(t.data_ptr()) or t, lambda t: t)
+    with hooks if record is not None else contextlib.nullcontext():
+        for n, (q, k, v) in enumerate(leaves):
+            torch.manual_seed(n)
+            out, prev, chain = module.residual_attention(q, k, v, prev, pad, chain=chain, causal=causal,
+                                                         skip_future=side == "right", divisor=n + 1.0,
+                                                         scale=32 ** -0.5, dropout_p=dropout_p)
+            outs.append(out)
+            sums.append(prev)
+    loss = sum((out.double() * layer[5]).sum() for out, layer in zip(outs, tensors))
+    loss.backward()
+    return outs, sums, [t.grad for layer in leaves for t in layer]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("layout", ["decoder", "cross"])
+def test_rebuilt_sums_are_bit_identical(kernels, monkeypatch, layout, dtype):
+    """Backward rebuilds ``A_n`` from ``A_{n-2}`` by re-adding two layers' products in the
+    forward's order and tiling: every gradient of a 5-layer path (with dropout) equals, bit for
+    bit, the one rebuilt from ``A_{n-1}`` (one product, the forward's own last step)."""
+    module, device = kernels
+    if device == "cuda" and dtype == torch.float64:
+        pytest.skip("Triton 3.6 cannot compile a float64 tl.dot for sm90 (exact_dtype)")
+    every_second = run_path(module, layout, dtype, dropout_p=0.1)
+    monkeypatch.setattr(module, "EVERY", 1)
+    every = run_path(module, layout, dtype, dropout_p=0.1)
+    for got, want in zip(every_second[2], every[2]):
+        assert torch.equal(got, want)
+
+
+def test_a_path_keeps_only_every_second_sum(kernels):
+    """Of a 6-layer path's float32 ``T x S`` sums, autograd keeps ``A_2`` and ``A_4`` (what
+    backward rebuilds from), never a layer's own nor the last one."""
+    module = kernels[0]
+    saved = []
+    _, sums, _ = run_path(module, "encoder", torch.float32, layers=6, record=saved)
+    kept = [n + 1 for n, a in enumerate(sums) if a.data_ptr() in saved]
+    assert kept == [2, 4]
+
+
+def test_launches_per_layer(kernels, monkeypatch):
+    """A layer's attention launches one kernel forward and three backward (``Delta``, keys,
+    queries), and runs no other torch computation: the scaling, ``Delta`` and the sum's
+    casts are inside the kernels (before: a scaling multiply forward, a multiply, a sum and,
+    in half precision, two casts backward)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    module, device = kernels
+    launched, computed = [], []
+
+    class Computed(TorchDispatchMode):
+        paused = False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if not (self.paused or func.is_view or name in ("empty", "empty_like")):
+                computed.append(name)
+            return func(*args, **(kwargs or {}))
+
+    mode = Computed()
+
+    class Counted:
+        def __init__(self, kernel, name):
+            self.kernel, self.name = kernel, name
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append(self.name)
+                mode.paused = True  # the interpreter's own copies
+                try:
+                    return self.kernel[grid](*args, **kwargs)
+                finally:
+                    mode.paused = False
+            return launch
+
+    for name in ("_forward", "_delta", "_backward_kv", "_backward_q"):
+        monkeypatch.setattr(module, name, Counted(getattr(module, name), name))
+    (q, k, v, prev, pad, dout, gnext), _, _ = inputs("cross", "middle", 32, device)
+    q, k, v, prev = (t.to(torch.bfloat16 if t is not prev else torch.float32).requires_grad_(True)
+                     for t in (q, k, v, prev))
+    dout, gnext = dout.to(torch.bfloat16), gnext.float()
+    module.residual_attention(q, k, v, prev, pad, scale=0.125)  # first call: allocates the no-padding flag
+    with mode:
+        out, a, _ = module.residual_attention(q, k, v, prev, pad, scale=0.125, dropout_p=0.1)
+    assert launched == ["_forward", "_forward"] and computed == (["randint"] if device == "cpu" else [])  # seed
+    launched.clear()
+    computed.clear()
+    with mode:
+        torch.autograd.grad((out, a), (q, k, v, prev), (dout, gnext))
+    assert launched == ["_delta", "_backward_kv", "_backward_q"] and computed == []
 
 
 # --------------------------------------------------------------------------------------
