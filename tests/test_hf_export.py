@@ -27,6 +27,7 @@ else:
 from bert_helpers import WIKITEXT2, prepared_wikitext2  # noqa: E402
 from conftest import MULTI30K, REPO, cli_env, require_shared_data, trains  # noqa: E402
 from fairseq.data.encoders.sentencepiece_bpe import SentencepieceBPE, SentencepieceConfig  # noqa: E402
+from inprocess import run_in_process  # noqa: E402
 from test_google_checkpoint import (  # noqa: E402
     VOCAB,
     batch,
@@ -55,8 +56,9 @@ SCRIPT = REPO / "scripts" / "export_hf.py"
 
 
 def export_cli(*args, check=True):
-    proc = subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
-                          env=cli_env(), cwd=REPO)
+    """The script's main in this process (tests/inprocess.py: stdout, stderr and exit status as a
+    subprocess gives them); test_bad_input_is_one_line runs the script itself for --help."""
+    proc = run_in_process("realformer-export-hf", *args, check=False, cwd=REPO, argv0=SCRIPT)
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -578,7 +580,9 @@ def test_a_translation_checkpoint_is_refused_in_one_line(tmp_path):
 def test_missing_checkpoint_and_help_are_one_line_and_fast(tmp_path):
     proc = export_cli(tmp_path / "nope.pt", "--out", tmp_path / "hf", check=False)
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "no such file" in proc.stderr
-    assert "CHECKPOINT" in export_cli("--help").stdout
+    help_text = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, env=cli_env(),
+                               cwd=REPO, timeout=300).stdout  # the script as a user runs it
+    assert "CHECKPOINT" in help_text
 
 
 # --------------------------------------------------------------------------------------
@@ -604,7 +608,6 @@ def pretrained_export(tmp_path_factory):
     train text never produced, after fairseq's own entries), exported by the command-line
     script."""
     from bert_helpers import TEST_VOCAB, WIKITEXT2, pretrain_flags
-    from cli_helpers import run
 
     from realformer_tools.data import pretraining
 
@@ -620,7 +623,7 @@ def pretrained_export(tmp_path_factory):
     assert full[:len(own)] == own and len(full) > len(own)
     assert all(line.endswith(" 0") for line in full[len(own):])
     assert (data / "train.bin").read_bytes() == (prepared / "train.bin").read_bytes()
-    run("fairseq-train", *pretrain_flags(data, root / "ckpt"))
+    run_in_process("fairseq-train", *pretrain_flags(data, root / "ckpt"))
     out = root / "hf"
     proc = export_cli(root / "ckpt" / "checkpoint_last.pt", "--out", out, "--data", data)
     return root / "ckpt" / "checkpoint_last.pt", data, out, json.loads(proc.stdout), prepared
