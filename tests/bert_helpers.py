@@ -193,14 +193,14 @@ def pretrained_nsp(tmp_path_factory):
     Always a run from scratch: a folder without ``done.json`` (a run that was interrupted)
     is removed first, never resumed; a run that failed is reported again, loudly, to
     every later caller."""
-    from cli_helpers import run
+    from inprocess import run_in_process
 
     data = prepared_wikitext2(tmp_path_factory)
     save = tmp_path_factory.getbasetemp() / "bert_nsp_pretrained"
     done, log = save / "done.json", save / "train.log"
     if not done.exists():
         shutil.rmtree(save, ignore_errors=True)
-        proc = run("fairseq-train", *pretrain_flags(data, save), check=False)
+        proc = run_in_process("fairseq-train", *pretrain_flags(data, save), check=False)
         save.mkdir(parents=True, exist_ok=True)
         log.write_text(proc.stdout + proc.stderr)
         done.write_text(json.dumps({"returncode": proc.returncode}))

@@ -16,11 +16,11 @@ from bert_helpers import (
     prepared_wikitext2,
     pretrained_nsp,
 )
-from cli_helpers import run
 from conftest import require_shared_data, trains
 from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 from fairseq.models.roberta import RobertaHubInterface
+from inprocess import run_in_process as run  # fairseq's tools in this process (tests/inprocess.py)
 
 from realformer_nmt.models.realformer_bert import RealFormerBertModel
 
