@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import torch
 from bert_helpers import USER_DIR
-from cli_helpers import run
 from conftest import REPO, cli_env
 from fairseq import checkpoint_utils
+from inprocess import run_in_process
 
 from realformer_nmt.errors import CheckpointFileError, ConfigError
 from realformer_nmt.models.realformer_bert import RealFormerBertModel
@@ -440,11 +440,18 @@ def test_special_tokens_are_found_by_their_strings_at_any_id(converted, tmp_path
         assert got[0] == expected[0] and got[1] == pytest.approx(expected[1], abs=1e-6)
 
 
+CONVERT_SCRIPT = REPO / "scripts" / "convert_google_checkpoint.py"
+
+
+def convert_script(*args):
+    """The script's main in this process (tests/inprocess.py: stdout, stderr and exit status as a
+    subprocess gives them); test_tensorflow_reader_without_tensorflow_is_one_line runs the script."""
+    return run_in_process("realformer-convert-google-checkpoint", *args, check=False, cwd=REPO, argv0=CONVERT_SCRIPT)
+
+
 def test_unknown_variables_are_a_one_line_error_naming_them(tmp_path):
     src = copy_fixture(tmp_path / "one_layer", num_hidden_layers=1)
-    script = REPO / "scripts" / "convert_google_checkpoint.py"
-    proc = subprocess.run([sys.executable, str(script), str(src), "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, env=cli_env(), cwd=REPO)
+    proc = convert_script(src, "--out", tmp_path / "out")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("convert_google_checkpoint.py: error: bert_model.ckpt: unknown variables ")
@@ -469,14 +476,12 @@ def test_ignoring_a_variable_the_model_needs_is_reported_missing_or_drops_its_he
 
 
 def test_a_bad_ignore_pattern_or_a_file_that_is_not_a_zip_is_one_line(tmp_path):
-    script = REPO / "scripts" / "convert_google_checkpoint.py"
     fake = tmp_path / "fake.zip"
     fake.write_text("not a zip")
     for args, message in ((["--ignore-variables", "("], "--ignore-variables '(' is not a regular expression"),
                           ([], "fake.zip: not a zip file, a folder or a checkpoint's .index file")):
         source = str(CKPT) if args else str(fake)
-        proc = subprocess.run([sys.executable, str(script), source, "--out", str(tmp_path / "out"), *args],
-                              capture_output=True, text=True, env=cli_env(), cwd=REPO)
+        proc = convert_script(source, "--out", tmp_path / "out", *args)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert message in proc.stderr.strip().splitlines()[-1]
 
@@ -597,10 +602,10 @@ def test_converted_checkpoint_finetunes_with_sentence_prediction(converted, tmp_
             (raw / f"{split}.{name}").write_text("\n".join(lines) + "\n")
     for name in ("input0", "input1", "label"):
         dictionary = ["--srcdict", folder / "dict.txt"] if name != "label" else []
-        run("fairseq-preprocess", "--only-source", "--trainpref", raw / f"train.{name}", "--validpref",
+        run_in_process("fairseq-preprocess", "--only-source", "--trainpref", raw / f"train.{name}", "--validpref",
             raw / f"valid.{name}", "--destdir", data / name, "--workers", 1, *dictionary)
     save = tmp_path / "save"
-    proc = run(
+    proc = run_in_process(  # fairseq's tools in this process (tests/inprocess.py)
         "fairseq-train", data, "--user-dir", USER_DIR, "--task", "sentence_prediction", "--num-classes", 2,
         "--init-token", 0, "--criterion", "sentence_prediction", *summary["finetune_flags"],
         "--restore-file", folder / "model.pt", "--reset-optimizer", "--reset-dataloader", "--reset-meters",
