@@ -620,3 +620,40 @@ def test_runs_trained_in_another_folder_are_reported_where_their_folder_is_now(m
     (out / "postln" / "seed1" / "result.json").write_text(json.dumps(imported))
     again = runs_module.finished_run(str(m30k_slice), "postln", recipe, 1, str(out / "postln" / "seed1"))
     assert again["checkpoint"] == "runs/compare/m30k/postln/seed1/checkpoint_best.pt"
+
+
+def test_comparison_figure_pairs_curves_by_seed_and_bands_cover_the_same_seeds(tmp_path):
+    """multi30k_en_de.png: the left panel is each comparison's validation loss minus its
+    reference's on the same seed (recomputed here from the per-seed curves), the middle one
+    every backbone over the seeds all of them have (seeds 1-5 here: not 5 against 10), and no
+    two backbones share a colour."""
+    from realformer_tools.experiments.translation import compare, figures
+
+    s = json.loads((RESULTS / "multi30k_en_de.json").read_text())
+    pre, rfp = s["preln"], s["realformer_preln"]
+    points = figures.paired_curves(rfp, pre)
+    for u, mean, low, high in points:
+        diffs = [dict(a)[u] - dict(b)[u] for a, b in zip(rfp["curve_per_seed"], pre["curve_per_seed"])]
+        assert len(diffs) == 10 and mean == pytest.approx(statistics.mean(diffs)) and (low, high) == (
+            pytest.approx(min(diffs)), pytest.approx(max(diffs)))
+    shared = [1, 2, 3, 4, 5]
+    for u, mean, low, high in figures.curve_over_seeds(pre, shared):
+        values = [dict(c)[u] for c in pre["curve_per_seed"][:5]]
+        assert mean == pytest.approx(statistics.mean(values)) and low == min(values) and high == max(values)
+    assert len({figures.COLORS[b] for b in ("postln", "preln", "realformer", "realformer_preln")}) == 4
+    drawn = {}
+    real_savefig = compare.pyplot().Figure.savefig
+
+    def keep(fig, path, **kwargs):
+        drawn["axes"] = [(ax.get_title(), [line.get_label() for line in ax.get_lines()]) for ax in fig.axes]
+        return real_savefig(fig, path, **kwargs)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(compare.pyplot().Figure, "savefig", keep):
+        compare.plot_comparison(s, str(tmp_path / "m.png"))
+    (left, left_lines), (middle, _), (right, _) = drawn["axes"]
+    assert "minus the reference's, same seed" in left
+    assert {"realformer − Post-LN (5 seeds)", "preln − Post-LN (5 seeds)", "realformer_preln − Pre-LN (10 seeds)"} \
+        <= set(left_lines)
+    assert "seeds 1-5 (the seeds every backbone has)" in middle and "corrected for 3 sets" in right
