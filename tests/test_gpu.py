@@ -181,20 +181,81 @@ def test_48_layer_model_stays_finite_forward_and_backward(dictionary, device, pr
 # --------------------------------------------------------------------------------------
 
 
+# aten op -> SDPA backend (torch.nn.attention.SDPBackend names)
+BACKEND_OPS = (("_efficient_attention", "EFFICIENT_ATTENTION"), ("_cudnn_attention", "CUDNN_ATTENTION"),
+               ("_flash_attention", "FLASH_ATTENTION"), ("_scaled_dot_product_attention_math", "MATH"))
+
+
+def sdpa_backends(profile_result):
+    """The SDPA backends whose aten ops a ``torch.profiler`` run recorded."""
+    return sorted({backend for event in profile_result.events() for fragment, backend in BACKEND_OPS
+                   if fragment in event.name and not str(getattr(event, "device_type", "")).endswith("CUDA")})
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_bias_layer_mask_gradient_equals_materialized_float32(device):
     """On CUDA the bias layer's SDPA call runs on the memory-efficient backend only (cuDNN
-    attention returns no mask gradient); its output, the running sum's gradient and the
-    projections' gradients equal materialized's (relative error <= 1e-4), and the profiler
-    saw that backend both ways. The same code is ``--quick``'s check (exactness.py)."""
-    from realformer_tools.experiments import exactness
+    attention returns no mask gradient), forward and backward, as the profiler records; its
+    output, the running sum's gradient and the projections' gradients equal materialized's
+    (relative error <= 1e-4). On the CPU, SDPA's math kernel runs forward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from realformer_nmt.modules.residual_attention import ResidualState
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    dims = dict(embed=64, heads=4, batch=4, src_len=24)
-    result = exactness.mask_gradient(device, dims)
-    assert result["status"] == "passed", result
-    backends = exactness.check_backends(exactness.sdpa_backends(device, dims), device)
-    # judged on CUDA only: elsewhere what ran is reported, not passed (issue 36)
-    assert backends["status"] == ("passed" if device == "cuda" else "reported"), backends
+    embed, heads, bsz, length = 64, 4, 4, 24
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(length, bsz, embed, generator=g).to(device)
+    prev = (3.0 * torch.randn(bsz, heads, length, length, generator=g)).to(device)
+    pad = torch.zeros(bsz, length, dtype=torch.bool, device=device)
+    pad[0, -2:] = True
+    results, backends = {}, {}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    for kernel in ("materialized", "bias"):
+        torch.manual_seed(3)
+        module = ResidualMultiheadAttention(embed, heads, self_attention=True, residual=True, mode="mean",
+                                            kernel=kernel).to(device)
+        scores = prev.clone().requires_grad_(True)
+        with profile(activities=activities) as forward:
+            out = module(x, x, x, key_padding_mask=pad, prev_state=ResidualState.of_scores(scores, terms=1),
+                         need_weights=False)[0]
+        weights = torch.linspace(0.5, 1.5, out.numel(), device=out.device).view_as(out)
+        with profile(activities=activities) as backward:
+            (out * weights).sum().backward()
+        backends[kernel] = (sdpa_backends(forward), sdpa_backends(backward))
+        results[kernel] = [out.detach(), scores.grad] + [module.get_parameter(f"{p}_proj.weight").grad for p in "qkv"]
+    for got, want in zip(results["bias"], results["materialized"]):
+        assert relative_error(got, want) <= 1e-4
+    assert float(results["materialized"][1].norm()) > 0  # the running sum's gradient is there to compare
     want = "EFFICIENT_ATTENTION" if device == "cuda" else "MATH"
-    assert backends["forward"]["backends"] == [want]
+    assert backends["bias"][0] == [want]
+    if device == "cuda":
+        assert backends["bias"][1] == [want]
+
+
+def test_gpu_tests_have_a_time_limit_each():
+    """tests/conftest.py: a ``gpu`` test past its limit fails with one line (one ran for
+    minutes on the first GPU and the suite never ended)."""
+    import time
+    import types
+
+    import conftest
+
+    class Marker:
+        def __init__(self, *args):
+            self.args = args
+
+    item = types.SimpleNamespace(nodeid="t::slow", get_closest_marker=lambda name: {
+        "gpu": Marker(), "gpu_seconds": Marker(1)}.get(name))
+    hook = conftest.pytest_runtest_call(item)
+    next(hook)
+    with pytest.raises(conftest.GpuTestTimeout, match="ran past its 1s limit"):
+        time.sleep(5)
+    with pytest.raises(StopIteration):
+        next(hook)
+    plain = types.SimpleNamespace(nodeid="t::cpu", get_closest_marker=lambda name: None)
+    hook = conftest.pytest_runtest_call(plain)
+    next(hook)
+    time.sleep(1.2)  # no limit on a test that is not marked gpu
+    with pytest.raises(StopIteration):
+        next(hook)

@@ -3,10 +3,9 @@ step's status follows from them, and paths and commands as the JSON keeps them (
 no machine paths).
 
 A check's status is ``passed`` or ``failed`` when it was judged against its target,
-``reported`` when a value was measured and recorded but not judged (the dry run's bf16
-distance to fp32 after a few toy updates; the SDPA backend off CUDA), ``skipped`` when it
-did not run here (fp16 training without CUDA). A step's or section's status counts the
-judged checks only: ``failed`` if one failed, ``passed`` if one passed and none failed;
+``reported`` when a value was measured and recorded but not judged (a yardstick, the speed
+of a dry run's tiny model), ``skipped`` when it did not run here (the dry run's CUDA tests).
+A section's status counts the judged checks only: ``failed`` if one failed, ``passed`` if one passed and none failed;
 with none judged, ``reported`` or ``skipped``.
 """
 
@@ -56,11 +55,3 @@ def status_counts(checks) -> str:
     for c in checks:
         counts[c["status"]] = counts.get(c["status"], 0) + 1
     return ", ".join(f"{n} {status}" for status, n in counts.items())
-
-
-def _clear_run(run_dir):
-    if os.path.isdir(run_dir):
-        for name in os.listdir(run_dir):
-            path = os.path.join(run_dir, name)
-            if os.path.isfile(path):
-                os.remove(path)
