@@ -4,22 +4,19 @@ Attention alone (no FFN, no embeddings): a stack of ``layers`` self-attention mo
 of one residual path, forward + backward, next to fairseq's vanilla attention
 (PyTorch's fused kernel, no residual) as the yardstick. Variants:
 
-* every kernel on every layer (``materialized``, ``fused``, ``bias``, ...: every entry of
+* every kernel on every layer (``materialized``, ``bias``, ``triton``: every entry of
   ``KERNELS`` but ``auto``);
-* ``F+L``: kernel ``F`` on the first layer of the path and ``L`` on every later one (a
-  path can go from fused to another kernel, never back to fused), the two positions
-  ``auto`` decides separately;
-* ``fused<=m``: fused for the first ``m`` layers, materialized after.
+* ``F+L``: kernel ``F`` on the first layer of the path and ``L`` on every later one;
+* ``fused<=m`` (where a ``fused`` kernel exists: the committed CPU table measured it).
 
 Variants are interleaved round by round in one process, so machine load hits all alike;
 medians are reported, with ratios. On CUDA each variant's peak memory over a step
 (``torch.cuda.max_memory_allocated`` above what was allocated before it) is recorded
-too, and :func:`derive_rule` turns a run into the rule ``auto`` applies on that device
-(:func:`kernel_rule` writes it in the schema of the packaged rule,
-``realformer_nmt/modules/residual_attention/kernel_rule.json``).
+too. The CUDA rule of ``auto`` is not derived here: attention alone says nothing about
+whether a training step is host-bound, so the rule comes from whole-model rows where the
+GPU is the bottleneck (``gpu_check/rule.py``).
 """
 
-import math
 import statistics
 import time
 from typing import Dict, List, Optional
@@ -30,9 +27,6 @@ from realformer_nmt.modules.residual_attention import KERNELS, ResidualMultihead
 
 # every kernel a layer can run (``auto`` only chooses among these)
 CONCRETE_KERNELS = tuple(k for k in KERNELS if k != "auto")
-# a candidate may use this much more peak memory than all-materialized and still count as
-# "not worse" (allocator rounding; CUDA peaks are otherwise deterministic)
-MEMORY_SLACK = 1.01
 
 
 def build_stack(kernels: List[Optional[str]], embed_dim: int, heads: int, dropout: float, device, dtype):
@@ -80,14 +74,6 @@ def variants_for(layers: int, switch_points: List[int], kernels=CONCRETE_KERNELS
         if 1 < m < layers and "fused" in kernels:
             out[f"fused<={m}"] = ["fused"] * m + ["materialized"] * (layers - m)
     return out
-
-
-def split_variant(name: str, layers: int):
-    """``(first, later)`` kernels of a position variant, or None (vanilla, hybrids)."""
-    parts = name.split("+")
-    if len(parts) > 2 or any(p not in CONCRETE_KERNELS for p in parts):
-        return None
-    return parts[0], parts[-1]
 
 
 def _sync(device):
@@ -163,65 +149,3 @@ def device_name(device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return device.type
-
-
-def derive_rule(result: dict) -> dict:
-    """The fastest ``(first layer, later layers)`` kernels over a :func:`run`, among those
-    whose peak memory is nowhere above all-``materialized`` (where measured), ``triton`` aside
-    (``auto`` runs it wherever it applies; the rule is for the rest).
-
-    Score: the geometric mean over the run's configurations (lengths, masks) of each
-    position variant's time relative to all-materialized. Returns ``{"rule":
-    {"first_layer", "later_layers"}, "scores", "memory_ok"}``.
-    """
-    layers = result["layers"]
-    scores, memory_ok = {}, {}
-    for name in result["configs"][0]["median_seconds"]:
-        if split_variant(name, layers) is None:
-            continue
-        ratios = [c["ratio_to_materialized"][name] for c in result["configs"]]
-        scores[name] = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        memory_ok[name] = all(
-            c["peak_memory_mib"][name] <= c["peak_memory_mib"]["materialized"] * MEMORY_SLACK
-            for c in result["configs"] if c.get("peak_memory_mib")
-        )
-    # triton is measured, not a candidate: auto runs it only where preferred (choice.AUTO_PREFERS_TRITON)
-    eligible = [n for n in scores if memory_ok[n] and "triton" not in split_variant(n, layers)] or ["materialized"]
-    best = min(eligible, key=scores.get)
-    first, later = split_variant(best, layers)
-    return {"rule": {"first_layer": first, "later_layers": later}, "scores": scores, "memory_ok": memory_ok,
-            "chosen": best}
-
-
-def kernel_rule(result: dict, command: str) -> dict:
-    """A rule file in the schema ``auto`` reads on CUDA (the package's ``kernel_rule.json``)::
-
-        {"device": "<gpu name>", "dtype": "float16",
-         "rule": {"first_layer": "<kernel>", "later_layers": "<kernel>"},
-         "measured": {...}, "command": "..."}
-
-    ``rule``: kernels among ``CONCRETE_KERNELS``, the fastest per position with peak
-    memory not above ``materialized`` (:func:`derive_rule`). ``measured``: per
-    configuration, every variant's median seconds, ratio to materialized and peak MiB,
-    plus the geometric-mean scores the rule was chosen by.
-    """
-    derived = derive_rule(result)
-    return {
-        "device": result["device_name"],
-        "dtype": result["dtype"],
-        "rule": derived["rule"],
-        "measured": {
-            "what": result["what"],
-            "chosen": derived["chosen"],
-            "geomean_ratio_to_materialized": derived["scores"],
-            "memory_not_worse_than_materialized": derived["memory_ok"],
-            "layers": result["layers"], "batch": result["configs"][0]["batch"],
-            "embed_dim": result["embed_dim"], "heads": result["heads"], "torch": result["torch"],
-            "configs": [
-                {k: c[k] for k in ("length", "causal", "median_seconds", "ratio_to_materialized",
-                                   "peak_memory_mib")}
-                for c in result["configs"]
-            ],
-        },
-        "command": command,
-    }
