@@ -16,6 +16,8 @@ What a subprocess gives for free is made here, and undone after each call:
   fairseq's format to stdout); every logger's level and handlers come back afterwards;
 * the random generators (torch, numpy, random), torch's thread count (one, as
   ``conftest.cli_env`` gives the subprocesses) and default dtype, ``sys.excepthook``;
+* every attribute a fix to fairseq replaces (each fix's ``REPLACES``): this project's own
+  commands install the fixes for good, as a process of their own may, and here they go again;
 * fairseq's process-wide state: ``checkpoint_utils.save_checkpoint.best`` (the best score of
   the previous run) goes before and after each call. A module a ``--user-dir`` imports stays
   imported with what it registered, as in fairseq's own in-process tests: fairseq keeps its
@@ -96,6 +98,7 @@ class _ProcessState:
                         for name, lg in logging.Logger.manager.loggerDict.items()
                         if isinstance(lg, logging.Logger)}
         self.logging_disable = logging.root.manager.disable
+        self.patched = _patched_attributes()
 
     def restore(self, added_handlers=()):
         sys.argv[:], sys.stdin, sys.excepthook = self.argv, self.stdin, self.excepthook
@@ -124,7 +127,37 @@ class _ProcessState:
             lg.handlers[:] = handlers
             lg.propagate, lg.disabled = propagate, disabled
         logging.disable(self.logging_disable)
+        for (owner, name), value in self.patched.items():
+            if value is _MISSING:
+                if name in vars(owner):
+                    delattr(owner, name)
+            elif vars(owner).get(name, _MISSING) is not value:
+                setattr(owner, name, value)
         _reset_fairseq_globals()
+
+
+_MISSING = object()
+
+
+def _patched_attributes():
+    """``{(owner, name): value}`` of every attribute a fix to fairseq may replace (each fix's
+    ``REPLACES``, ``"module:Class.attr"``): our own commands install the fixes for good
+    (``install_for_good``), which in this process must not outlive the call."""
+    try:
+        from realformer_tools import fairseq_fixes
+    except ImportError:
+        return {}
+    specs = {spec for fix in getattr(fairseq_fixes, "PATCHES", ()) for spec in getattr(fix, "REPLACES", ())}
+    specs.add(getattr(fairseq_fixes, "SPAWN", "torch.multiprocessing:spawn"))
+    found = {}
+    for spec in specs:
+        module_name, path = spec.split(":")
+        owner = importlib.import_module(module_name)
+        *parents, name = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent)
+        found[owner, name] = vars(owner).get(name, _MISSING)
+    return found
 
 
 def _reset_fairseq_globals():
@@ -156,20 +189,34 @@ def _fresh_logging(tool, stream):
         root.setLevel(os.environ.get("LOGLEVEL", "INFO").upper())
 
 
+def _exit_status(function, *args):
+    """``function(*args)`` as a process's top level runs it: its exit status; ``SystemExit`` gives
+    its code, any other exception goes to ``sys.excepthook`` (stderr) and the status is 1."""
+    try:
+        result = function(*args)
+    except SystemExit as e:
+        return _exit_code(e.code)
+    except Exception:
+        sys.excepthook(*sys.exc_info())
+        return 1
+    return _exit_code(result if isinstance(result, int) else None)
+
+
 def _call(tool, args, fixes, data_fixes, cpu_bf16):
-    """The tool's exit status (a ``SystemExit`` or an exception leaves it). A fairseq command
-    with the fixes is the launcher's ``main`` (``realformer-fairseq [--data-fixes] [--cpu-bf16]
-    <command> ...``); another command with the fixes runs inside ``fixes_installed``."""
+    """The tool's exit status. A fairseq command with the fixes is the launcher's ``main``
+    (``realformer-fairseq [--data-fixes] [--cpu-bf16] <command> ...``, whose fixes are gone when
+    an exception leaves it); another command with the fixes runs inside ``fixes_installed``, as in a
+    process where they were installed for good."""
     launch = _launcher() if fixes else None
     if launch is None:
-        return console_function(tool)()
+        return _exit_status(console_function(tool))
     for name in ("REALFORMER_NMT_DATA_FIXES", "REALFORMER_NMT_CPU_BF16"):
         os.environ.pop(name, None)  # only the arguments say which fixes this run gets
     if tool in launch.fairseq_commands():
         flags = ["--data-fixes"] * data_fixes + ["--cpu-bf16"] * cpu_bf16
-        return launch.main([*flags, tool, *args])
+        return _exit_status(launch.main, [*flags, tool, *args])
     with launch.fixes_installed(data_fixes=data_fixes, cpu_bf16=cpu_bf16, quiet=True):
-        return console_function(tool)()
+        return _exit_status(console_function(tool))
 
 
 def _show_warning(stream):
@@ -195,7 +242,6 @@ def run_in_process(tool, *args, check=True, input=None, env=None, cwd=None, fixe
     argv = [str(argv0 or conftest.BIN / tool), *args]
     out, err = io.StringIO(), io.StringIO()
     state = _ProcessState()
-    code = 0
     try:
         sys.argv[:] = argv
         sys.stdin = io.StringIO(input or "")
@@ -209,14 +255,7 @@ def run_in_process(tool, *args, check=True, input=None, env=None, cwd=None, fixe
             warnings.simplefilter("default")
             warnings.showwarning = _show_warning(err)
             _fresh_logging(tool, out)
-            try:
-                result = _call(tool, args, fixes, data_fixes, cpu_bf16)
-                code = _exit_code(result if isinstance(result, int) else None)
-            except SystemExit as e:
-                code = _exit_code(e.code)
-            except Exception:  # what Python does with an uncaught exception at the top level
-                sys.excepthook(*sys.exc_info())
-                code = 1
+            code = _call(tool, args, fixes, data_fixes, cpu_bf16)
     finally:
         state.restore()
     proc = subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())

@@ -15,9 +15,10 @@ import numpy as np
 import paper_reference as ref
 import pytest
 import torch
-from cli_helpers import TINY_FLAGS, run
+from cli_helpers import TINY_FLAGS
 from conftest import REPO, USER_DIR, batch, build, cli_env, make_dictionary, trains
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from inprocess import run_in_process as run  # fairseq's tools in this process (tests/inprocess.py)
 
 from realformer_nmt.errors import CheckpointFileError, DataError
 from realformer_tools.experiments import attention_analysis as aa
@@ -471,6 +472,7 @@ def trained_vanilla(data_bin, tmp_path_factory):
 
 
 def _script(*args, check=True):
+    """The script as a user runs it, in its own process."""
     proc = subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True,
                           env=cli_env(), timeout=600)
     if check and proc.returncode != 0:
@@ -616,8 +618,9 @@ def test_bad_inputs_are_one_clear_sentence(trained, data_bin, tmp_path):
         aa.load_checkpoint(str(tmp_path / "missing.pt"), str(data_bin))
     with pytest.raises(DataError, match="--data"):
         aa.load_checkpoint(str(checkpoint), str(tmp_path / "no-such-dir"))
-    proc = _script("--path", checkpoint, "--data", data_bin, "--subset", "nosuchsplit", "--out", tmp_path / "o",
-                   "--cpu", check=False)
+    # its main in this process (tests/inprocess.py: stdout, stderr and exit status as a subprocess gives them)
+    proc = run("realformer-analyze-attention", "--path", checkpoint, "--data", data_bin, "--subset", "nosuchsplit",
+               "--out", tmp_path / "o", "--cpu", check=False, argv0=SCRIPT)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("realformer_nmt: error: --subset: no 'nosuchsplit' split")
