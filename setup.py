@@ -8,7 +8,9 @@ from setuptools import find_packages, setup
 PACKAGE_DATA = {"realformer_nmt.modules.residual_attention": ["kernel_rule.json"]}
 
 # console commands -> the same main() in realformer_tools.cli that scripts/<name>.py runs in a checkout
+# (a target named in full: elsewhere in realformer_tools)
 COMMANDS = {
+    "realformer-fairseq": "realformer_tools.launch:command",  # a fairseq command with the fixes to fairseq 0.12
     "realformer-prepare-data": "prepare_data:main",
     "realformer-prepare-pretraining-data": "prepare_pretraining_data:main",
     "realformer-prepare-finetune-data": "prepare_finetune_data:main",
@@ -59,7 +61,9 @@ setup(
     # two packages: realformer_nmt (the plugin, what --user-dir loads) and realformer_tools (the commands)
     packages=find_packages(include=["realformer_nmt", "realformer_nmt.*", "realformer_tools", "realformer_tools.*"]),
     package_data=PACKAGE_DATA,
-    entry_points={"console_scripts": [f"{name} = realformer_tools.cli.{target}" for name, target in COMMANDS.items()]},
+    entry_points={"console_scripts": [
+        f"{name} = {target if target.startswith('realformer_tools.') else 'realformer_tools.cli.' + target}"
+        for name, target in COMMANDS.items()]},
     python_requires=">=3.9",
     # torch is deliberately not listed: pip must never replace the torch a user has
     # (CPU or a CUDA build). Install torch first; see README.

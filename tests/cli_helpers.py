@@ -2,6 +2,7 @@
 
 import random
 import subprocess
+import sys
 
 import torch
 from conftest import BIN, cli_env
@@ -15,21 +16,34 @@ TINY_FLAGS = (
 ).split()
 
 
-def run(tool, *args, check=True, input=None):
-    """Run a console script of this venv; on failure show the end of its stderr."""
+def command(tool, *args, fixes=True, data_fixes=False, cpu_bf16=False):
+    """The command line of the fairseq tool ``tool`` (``fairseq-train`` ...): through the
+    launcher (``python -m realformer_tools.launch``: the fixes to fairseq 0.12, and the data /
+    bf16-on-CPU fixes when asked), or with ``fixes=False`` the plain console script as a user
+    without our tools runs it."""
+    if not fixes:
+        assert not (data_fixes or cpu_bf16), "the data and bf16 fixes come with the launcher"
+        return [str(BIN / tool), *map(str, args)]
+    flags = ["--data-fixes"] * data_fixes + ["--cpu-bf16"] * cpu_bf16
+    return [sys.executable, "-m", "realformer_tools.launch", *flags, tool, *map(str, args)]
+
+
+def run(tool, *args, check=True, input=None, fixes=True, data_fixes=False, cpu_bf16=False, env=None):
+    """Run the fairseq tool ``tool`` of this venv (through the launcher unless ``fixes=False``:
+    see :func:`command`); on failure show the end of its stderr."""
     proc = subprocess.run(
-        [str(BIN / tool), *map(str, args)], capture_output=True, text=True, env=cli_env(),
-        input=input, timeout=600,
+        command(tool, *args, fixes=fixes, data_fixes=data_fixes, cpu_bf16=cpu_bf16), capture_output=True,
+        text=True, env={**cli_env(), **(env or {})}, input=input, timeout=600,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
 
 
-def write_reversal_corpus(raw):
-    """A tiny real task: reverse a letter sequence and upper-case it."""
+def write_reversal_corpus(raw, splits=(("train", 400), ("valid", 40), ("test", 40))):
+    """A tiny real task: reverse a letter sequence and upper-case it; ``splits``: (name, sentences)."""
     rng = random.Random(0)
-    for split, n in [("train", 400), ("valid", 40), ("test", 40)]:
+    for split, n in splits:
         src, tgt = [], []
         for _ in range(n):
             s = [rng.choice("abcdefghij") for _ in range(rng.randint(3, 8))]

@@ -64,12 +64,12 @@ def quiet_fairseq_import():
 
 def install_fairseq_fixes():
     """The project's commands run fairseq with its fixes (safe checkpoint loading, ...: the
-    plugin's import installs none of them): in this process, and in every fairseq tool they
-    start (``REALFORMER_NMT_FAIRSEQ_FIXES=1`` in its environment). The data fixes follow
-    ``REALFORMER_NMT_DATA_FIXES``, which the harnesses and the demo set."""
-    from realformer_nmt import install_fairseq_fixes as install
+    plugin's import installs none of them): in this process, for good, and in every fairseq
+    tool they start (through the launcher, ``realformer_tools.launch``). The data fixes follow
+    ``REALFORMER_NMT_DATA_FIXES`` in those tools, which the harnesses and the demo set."""
+    from realformer_tools.fairseq_fixes import install_for_good
 
-    install()
+    install_for_good()
 
 
 def fail(name, message, status=2):

@@ -17,7 +17,6 @@ import subprocess
 import time
 
 from realformer_nmt.errors import RealFormerError
-from realformer_nmt.switches import with_fixes
 
 from ._common import user_dir
 
@@ -62,12 +61,10 @@ def ensure_data(data, log):
 
 
 def fairseq_cli(name):
+    """The launcher's command line for the fairseq tool ``name`` (the fixes to fairseq 0.12)."""
     from realformer_tools.experiments import fairseq_runs
 
-    try:
-        return fairseq_runs.fairseq_cli(name)
-    except fairseq_runs.RunError as exc:
-        raise DemoError(str(exc)) from None
+    return fairseq_runs.fairseq_cli(name)
 
 
 def train_command(args, hours):
@@ -79,16 +76,19 @@ def train_command(args, hours):
                                log_interval=args.log_interval)
     residual = [] if args.vanilla else ["--residual-attention-paths", args.residual_attention_paths,
                                         "--residual-attention-mode", args.residual_attention_mode]
-    return ([fairseq_cli("fairseq-train"), args.data, "--arch", args.arch, "--save-dir", args.save_dir]
+    return ([*fairseq_cli("fairseq-train"), args.data, "--arch", args.arch, "--save-dir", args.save_dir]
             + model.split() + flags.split() + ["--user-dir", user_dir()] + residual
             + args.train_args)
 
 
 def recipe(cmd):
-    """What makes two training commands the same run: all but the tool's path, --user-dir
-    and the time cap (a run stopped by the cap continues under any cap)."""
+    """What makes two training commands the same run: all but the tool's path (and the
+    launcher's words), --user-dir and the time cap (a run stopped by the cap continues under
+    any cap)."""
+    from realformer_tools.experiments import fairseq_runs
+
     out, skip = [], False
-    for word in cmd[1:]:
+    for word in fairseq_runs.fairseq_part(cmd)[1:]:
         if skip:
             skip = False
         elif word in ("--user-dir", "--stop-time-hours"):
@@ -143,10 +143,10 @@ class Progress:
 
 
 def tool_env(args):
-    """The fairseq tools' environment: unbuffered (progress arrives as it happens), the fixes
-    to fairseq on (``REALFORMER_NMT_FAIRSEQ_FIXES=1``; the data fixes as ``run_demo`` set
-    them), and ``--threads`` threads each (OMP_NUM_THREADS)."""
-    return with_fixes(dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(args.threads)))
+    """The fairseq tools' environment (they run through the launcher: the fixes to fairseq
+    0.12): unbuffered (progress arrives as it happens), the data fixes as ``run_demo`` set
+    them, and ``--threads`` threads each (OMP_NUM_THREADS)."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(args.threads))
 
 
 def run_tool(cmd, log_path, env, on_line=None):

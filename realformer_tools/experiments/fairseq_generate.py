@@ -151,7 +151,7 @@ def generate_and_score(data, checkpoint, references, out_path, extra_args=(), su
     args = [str(a) for a in extra_args]
     if convention == "tokenized" and "--scoring" in args and args[args.index("--scoring") + 1] != "bleu":
         raise ConfigError("tokenized BLEU is fairseq-generate's default scorer: drop --scoring")
-    cmd = [fairseq_cli("fairseq-generate"), data, "--path", checkpoint, "--gen-subset", subset, *args]
+    cmd = [*fairseq_cli("fairseq-generate"), data, "--path", checkpoint, "--gen-subset", subset, *args]
     start = time.time()
     with open(out_path, "w", encoding="utf-8") as out:
         proc = subprocess.run([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT,

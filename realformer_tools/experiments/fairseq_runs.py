@@ -54,12 +54,14 @@ from .fairseq_tools import (  # noqa: F401 - re-exported for callers
     RunError,
     cli_env,
     fairseq_cli,
+    fairseq_part,
     quote,
     resolve_fp16,
     run_logged,
     run_parallel,
     serialized,
     threads_per_job,
+    with_data_fixes,
 )
 
 # the repository (or installed tree) holding the package: committed results name paths relative to it
@@ -70,11 +72,12 @@ NOT_RECIPE = ("--user-dir", "--log-format")
 
 
 def same_recipe(cmd_a, cmd_b):
-    """Whether two commands train the same run: equal but for the tool's own path and the
-    values of ``NOT_RECIPE`` (a moved checkout or a frozen copy of the code still resumes;
-    a run logged in ``simple`` format is the same run in ``json``)."""
+    """Whether two commands train the same run: equal but for the tool's own path (and the
+    launcher's words: ``fairseq_part``) and the values of ``NOT_RECIPE`` (a moved checkout or
+    a frozen copy of the code still resumes; a run logged in ``simple`` format is the same run
+    in ``json``)."""
     def key(cmd):
-        cmd = [str(c) for c in (cmd or [])]
+        cmd = fairseq_part(cmd or [])
         out, skip = [os.path.basename(cmd[0])] if cmd else [], False
         for c in cmd[1:]:
             if skip:

@@ -1,5 +1,6 @@
-"""Starting fairseq's command-line tools: where they are, their environment, running one
-with its output logged and its progress echoed, and running several at once."""
+"""Starting fairseq's command-line tools: through the launcher (the fixes to fairseq 0.12
+installed), their environment, running one with its output logged and its progress
+echoed, and running several at once."""
 
 import concurrent.futures
 import os
@@ -10,8 +11,8 @@ import threading
 import time
 
 from realformer_nmt.errors import ConfigError, RealFormerError
-from realformer_nmt.switches import with_fixes
 
+from ..launch import DATA_FIXES_ENV
 from .fairseq_logs import progress_line, stats_record
 
 
@@ -19,12 +20,29 @@ class RunError(RealFormerError):
     """A fairseq tool failed for a reason other than divergence (the message names the log)."""
 
 
+LAUNCHER = "realformer_tools.launch"  # python -m LAUNCHER = the realformer-fairseq command
+
+
 def fairseq_cli(name):
-    """Path of a fairseq console script (``fairseq-train`` ...) installed next to this interpreter."""
-    path = os.path.join(os.path.dirname(sys.executable), name)
-    if not os.path.exists(path):
-        raise RunError(f"{path} not found: run with the Python of the environment that has fairseq")
-    return path
+    """The start of the command line that runs the fairseq tool ``name`` (``fairseq-train``
+    ...) with the fixes to fairseq 0.12, through the launcher in this interpreter (a list:
+    ``[*fairseq_cli("fairseq-train"), data, ...]``). The data fixes follow
+    ``REALFORMER_NMT_DATA_FIXES`` in the tool's environment (:func:`with_data_fixes`)."""
+    return [sys.executable, "-m", LAUNCHER, name]
+
+
+def fairseq_part(cmd):
+    """``cmd`` from the fairseq tool's name on: a launched command without its launcher
+    words (``python -m realformer_tools.launch``, ``realformer-fairseq`` and their options);
+    a plain ``fairseq-train ...`` (how older results recorded their runs) as it is."""
+    cmd = [str(c) for c in cmd]
+    for i, word in enumerate(cmd):
+        if word == LAUNCHER or os.path.basename(word) == "realformer-fairseq":
+            rest = cmd[i + 1:]
+            while rest and rest[0].startswith("--"):
+                rest = rest[1:]
+            return rest
+    return cmd
 
 
 def resolve_fp16(device, fp16):
@@ -43,13 +61,18 @@ def quote(cmd):
 
 
 def cli_env(threads=None):
-    """Environment for the child tools: unbuffered output, the fixes to fairseq on
-    (``REALFORMER_NMT_FAIRSEQ_FIXES=1``; the data fixes as the caller's environment has them);
-    ``threads`` sets OMP_NUM_THREADS."""
-    env = with_fixes(dict(os.environ, PYTHONUNBUFFERED="1"))
+    """Environment for the child tools: unbuffered output (the data fixes as the caller's
+    environment has them); ``threads`` sets OMP_NUM_THREADS."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return env
+
+
+def with_data_fixes(env):
+    """A copy of the environment ``env`` for launched fairseq tools, with the data fixes on
+    (``REALFORMER_NMT_DATA_FIXES=1``, which the launcher reads)."""
+    return dict(env, **{DATA_FIXES_ENV: "1"})
 
 
 def threads_per_job(threads, jobs):

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 from realformer_nmt.errors import ConfigError, DataError
 
-from ..fairseq_fixes import SWITCH, with_data_fixes
+from ..launch import DATA_FIXES_ENV as SWITCH
 from . import fairseq_runs
 from .translation.figures import COLORS as _COLORS
 from .translation.figures import pyplot as _pyplot
@@ -131,13 +131,13 @@ def check_data(data):
 
 
 def train_command(data, backbone, recipe, seed, save_dir, residual_mode="sum"):
-    return ([fairseq_runs.fairseq_cli("fairseq-train"), data] + backbone_flags(backbone, residual_mode)
+    return ([*fairseq_runs.fairseq_cli("fairseq-train"), data] + backbone_flags(backbone, residual_mode)
             + recipe.train_flags() + ["--seed", str(seed), "--save-dir", save_dir, "--user-dir", USER_DIR])
 
 
 def validate_full(data, checkpoint, recipe, out_path, env=None, log=print, label=""):
     """``fairseq-validate`` on the whole validation set; returns its record (``mlm_accuracy``, ...)."""
-    cmd = [fairseq_runs.fairseq_cli("fairseq-validate"), data, "--path", checkpoint] + recipe.validate_flags()
+    cmd = [*fairseq_runs.fairseq_cli("fairseq-validate"), data, "--path", checkpoint] + recipe.validate_flags()
     returncode, lines = fairseq_runs.run_logged(cmd, out_path, label, log, env=env)
     if returncode != 0:
         tail = "\n".join(lines[-20:])
@@ -280,7 +280,7 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
     for b in backbones:
         backbone_flags(b)
     # every backbone with the plugin's data fixes on (masks redrawn each epoch with workers)
-    env = with_data_fixes(fairseq_runs.cli_env(fairseq_runs.threads_per_job(threads, jobs)))
+    env = fairseq_runs.with_data_fixes(fairseq_runs.cli_env(fairseq_runs.threads_per_job(threads, jobs)))
     log = fairseq_runs.serialized(log)
     total, done = len(backbones) * len(seeds), []
 

@@ -1,52 +1,48 @@
-"""Fixes to fairseq 0.12 itself: nothing here is RealFormer, and importing the plugin installs none of it.
+"""Fixes to fairseq 0.12 itself: nothing here is RealFormer, and the plugin never imports it.
 
-Each module fixes one fairseq bug, says in its docstring which one and how to tell
-when fairseq no longer needs the fix, and has an idempotent ``install()``. They are
-opt-in (``realformer_nmt.fairseq_fixes_switch``): the project's own commands install them
-(:func:`install_all`) and start every fairseq tool with the switch on; in a plain fairseq
-run ``REALFORMER_NMT_FAIRSEQ_FIXES=1``, read when the plugin is imported, installs
-:data:`ALWAYS_ON` (:func:`install_always_on`) and ``REALFORMER_NMT_DATA_FIXES=1``
-(:data:`SWITCH`) :data:`DATA_FIXES` (:func:`install_data_fixes`). Two groups:
+Each module fixes one fairseq bug, says in its docstring which one and how to tell when
+fairseq no longer needs the fix, has an idempotent ``install()``, and lists what that
+replaces (``REPLACES``, ``module:attribute`` as fairseq looks it up) and what it changes
+(``CHANGES``, one line). They are installed only by the launcher
+(:mod:`realformer_tools.launch`, ``realformer-fairseq <fairseq-command> ...``), in its own
+process and in the ranks it starts, each announced in one log line; a program installs them
+for a block with :func:`fixes_installed`, which restores every replaced attribute after it.
+Groups:
 
 * :data:`ALWAYS_ON`: fixes that make fairseq run at all on today's stack (torch >= 2.6,
-  numpy 2, Python 3.11), or turn a crash or a traceback into one line (with them, uncaught
-  ``RealFormerError``s print one line: ``errors.install_excepthook``). They act only where
-  fairseq alone fails, except one that changes a number fairseq computes alone:
-  ``cpu_bf16`` makes ``fairseq-generate``/``-interactive``/``-eval-lm --bf16`` decode in
-  bfloat16 (fairseq alone ignores ``--bf16`` there and decodes in float32). Otherwise a
-  command that runs without them computes the same numbers with them
+  numpy 2, Python 3.11), or turn a crash or a traceback into one line. They act only where
+  fairseq alone fails: a command that runs without them computes the same numbers with them
   (``tests/test_vanilla_unchanged.py``).
-* :data:`DATA_FIXES`: fixes that change what fairseq trains on or scores; when on, the log
-  says so once. The comparison harnesses (``compare_backbones.py``,
-  ``compare_mlm_backbones.py``) and the demo turn them on for every run and record it in
-  their results.
+* :data:`EVERY_SENTENCE`: what the launcher adds for ``fairseq-generate``, ``-validate``,
+  ``-interactive`` and ``-eval-lm``: every sentence of the test set scored.
+* :data:`CPU_BF16` (``--cpu-bf16``): ``--bf16`` without a TPU; changes what
+  ``fairseq-generate --bf16`` computes (bfloat16 decoding, fairseq alone decodes in float32).
+* :data:`DATA_FIXES` (``--data-fixes``): fixes that change what fairseq trains on. The
+  comparison harnesses and the demo turn them on for every run and record it.
 
-| module                      | fairseq problem fixed                                        | switch    |
+| module                      | fairseq problem fixed                                        | group     |
 | --------------------------- | ------------------------------------------------------------ | --------- |
-| safe_checkpoint_loading     | torch >= 2.6 cannot load fairseq checkpoints; loading safely | FIXES     |
-| atomic_checkpoint_copies    | kill -9 during a checkpoint copy loses the run               | FIXES     |
-| interactive_utf8            | fairseq-interactive dies on invalid UTF-8                    | FIXES     |
-| batch_thread_exit           | finished runs abort (SIGABRT) at exit on Python 3.11         | FIXES     |
-| data_dir_checks             | tracebacks instead of one line for a bad data dir or .bin    | FIXES     |
-| cpu_bf16                    | --bf16 is TPU-only (bf16 on CPU); --fp16 on CPU dies late    | FIXES     |
-| numpy2_compat               | numpy 2 removals: eos token blocks, --num-batch-buckets      | FIXES     |
-| cpu_distributed             | CPU ranks: pytorch_ddp dies; --cpu --distributed-world-size  | FIXES     |
-| arch_choices                | a mistyped --arch prints 116 lines of usage                  | FIXES     |
-| train_preflight             | a bad --restore-file or .bin fails late, after --save-dir    | FIXES     |
-| keep_last_batch             | up to 7 sentences silently dropped per batching (#5036)      | DATA      |
+| safe_checkpoint_loading     | torch >= 2.6 cannot load fairseq checkpoints; loading safely | always    |
+| atomic_checkpoint_copies    | kill -9 during a checkpoint copy loses the run               | always    |
+| interactive_utf8            | fairseq-interactive dies on invalid UTF-8                    | always    |
+| batch_thread_exit           | finished runs abort (SIGABRT) at exit on Python 3.11         | always    |
+| data_dir_checks             | tracebacks instead of one line for a bad data dir or .bin    | always    |
+| numpy2_compat               | numpy 2 removals: eos token blocks, --num-batch-buckets      | always    |
+| cpu_distributed             | CPU ranks: pytorch_ddp dies; --cpu --distributed-world-size  | always    |
+| arch_choices                | a mistyped --arch prints 116 lines of usage                  | always    |
+| train_preflight             | a bad --restore-file or .bin fails late, after --save-dir    | always    |
+| one_line_errors             | (ours) an uncaught RealFormerError prints one line           | always    |
+| cpu_bf16                    | --bf16 is TPU-only (bf16 on CPU); --fp16 on CPU dies late    | CPU_BF16  |
+| keep_last_batch             | up to 7 sentences silently dropped per batching (#5036)      | DATA, and inference |
 | epoch_workers               | --num-workers >= 1: masked_lm's masks drawn once per run     | DATA      |
 | resume_batches              | a run resumed in epoch >= 2 trains on other batches          | DATA      |
-
-FIXES: ``REALFORMER_NMT_FAIRSEQ_FIXES=1``; DATA: ``REALFORMER_NMT_DATA_FIXES=1``.
 """
 
+import atexit
+import contextlib
+import functools
+import importlib
 import logging
-import multiprocessing
-import os
-import sys
-
-from realformer_nmt import switches
-from realformer_nmt.errors import install_excepthook
 
 from . import (
     arch_choices,
@@ -59,6 +55,7 @@ from . import (
     interactive_utf8,
     keep_last_batch,
     numpy2_compat,
+    one_line_errors,
     resume_batches,
     safe_checkpoint_loading,
     train_preflight,
@@ -66,72 +63,120 @@ from . import (
 
 logger = logging.getLogger(__name__)
 
-SWITCH = switches.DATA_FIXES_SWITCH
-FIXES_SWITCH = switches.FIXES_SWITCH
-
 ALWAYS_ON = (
     safe_checkpoint_loading,
     atomic_checkpoint_copies,
     interactive_utf8,
     batch_thread_exit,
     data_dir_checks,
-    cpu_bf16,
     numpy2_compat,
     cpu_distributed,
     arch_choices,
     train_preflight,
+    one_line_errors,
 )
+EVERY_SENTENCE = (keep_last_batch,)
+CPU_BF16 = (cpu_bf16,)
 DATA_FIXES = (keep_last_batch, epoch_workers, resume_batches)
-PATCHES = ALWAYS_ON + DATA_FIXES
+PATCHES = ALWAYS_ON + CPU_BF16 + DATA_FIXES
 
-_announced = False
-
-
-def data_fixes_asked(environ=None) -> bool:
-    """Whether ``REALFORMER_NMT_DATA_FIXES`` asks for the data fixes: ``1`` yes; unset, empty
-    or ``0`` no; anything else is refused with one line."""
-    return switches.asked(SWITCH, environ)
+# ranks started by torch.multiprocessing.spawn (fairseq's GPU ranks, cpu_distributed's CPU ranks)
+# are fresh interpreters: the launcher wraps spawn so that each installs the same fixes first
+SPAWN = "torch.multiprocessing:spawn"
+_MISSING = object()
 
 
-def with_data_fixes(env):
-    """A copy of the environment ``env`` for child fairseq commands, with the fixes to fairseq
-    on, the data fixes included."""
-    return switches.with_fixes(env, data_fixes=True)
+def chosen(data_fixes=False, cpu_bf16=False, every_sentence=False):
+    """The fix modules of the asked groups, in install order, each once."""
+    fixes = ALWAYS_ON + (EVERY_SENTENCE if every_sentence else ()) + (CPU_BF16 if cpu_bf16 else ()) \
+        + (DATA_FIXES if data_fixes else ())
+    return tuple(dict.fromkeys(fixes))
 
 
-def install_always_on():
-    """Install every always-on fix and the one-line error hook (idempotent)."""
-    for patch in ALWAYS_ON:
-        patch.install()
-    install_excepthook()
+def short_name(fix):
+    return fix.__name__.rsplit(".", 1)[1]
 
 
-def install_data_fixes():
-    """Install the data fixes, announcing that once (idempotent)."""
-    global _announced
-    for patch in DATA_FIXES:
-        patch.install()
-    # once per run: not again in the ranks (or DataLoader workers) multiprocessing starts from
-    # this process, nor in torchrun's ranks other than 0
-    # and only in a fairseq command (fairseq-train, -generate, ..., python -m fairseq_cli.*), whose
-    # data it changes: a tool of ours that merely imports the plugin (prepare_data.py, export_hf.py)
-    # keeps its output (a one-line error stays one line)
-    if not _announced and multiprocessing.parent_process() is None and os.environ.get("RANK", "0") in ("", "0") \
-            and _in_a_fairseq_command():
-        _announced = True
-        logger.info("%s=1: fairseq's data handling fixed (every sentence batched, masks redrawn each epoch with "
-                    "DataLoader workers, a resumed run's batches as if never stopped): numbers differ from "
-                    "fairseq alone (docs/reliability.md)", SWITCH)
+def _owner(spec):
+    """``"fairseq.trainer:Trainer.load_checkpoint"`` -> (Trainer, "load_checkpoint")."""
+    module_name, path = spec.split(":")
+    owner = importlib.import_module(module_name)
+    *parents, name = path.split(".")
+    for parent in parents:
+        owner = getattr(owner, parent)
+    return owner, name
 
 
-def _in_a_fairseq_command(argv0=None) -> bool:
-    program = os.path.normpath(argv0 if argv0 is not None else (sys.argv[0] if sys.argv else ""))
-    return os.path.basename(program).startswith("fairseq") or "fairseq_cli" in program.split(os.sep)
+def _current(spec):
+    owner, name = _owner(spec)
+    return owner, name, vars(owner).get(name, _MISSING)
 
 
-def install_all(data_fixes=None):
-    """What the project's own commands install: every always-on fix, and the data fixes when
-    ``data_fixes`` (None: as :data:`SWITCH` says) asks for them (idempotent)."""
-    install_always_on()
-    if data_fixes_asked() if data_fixes is None else data_fixes:
-        install_data_fixes()
+def _restore(saved):
+    for owner, name, value in reversed(saved):
+        if value is _MISSING:
+            if name in vars(owner):
+                delattr(owner, name)
+        else:
+            setattr(owner, name, value)
+
+
+def _install(fix, saved, hooks):
+    """Install one fix, noting what it replaced in ``saved`` and the exit hook it registered in
+    ``hooks``; whether it changed anything (False where it was in place already)."""
+    before = [_current(spec) for spec in fix.REPLACES]
+    exit_hooks = atexit._ncallbacks()
+    fix.install()
+    if atexit._ncallbacks() > exit_hooks and getattr(fix, "EXIT_HOOK", None):
+        hooks.append(getattr(fix, fix.EXIT_HOOK))
+    saved.extend(before)
+    return any(_current(spec)[2] is not value for spec, (_, _, value) in zip(fix.REPLACES, before))
+
+
+def announce(name, changes, replaces):
+    logger.info("fairseq fix %s: %s [replaces %s]", name, changes, ", ".join(replaces))
+
+
+@contextlib.contextmanager
+def fixes_installed(data_fixes=False, cpu_bf16=False, every_sentence=False, ranks=True, quiet=False):
+    """Within the block the fixes of the asked groups are installed (the always-on ones, and
+    :data:`EVERY_SENTENCE` / :data:`CPU_BF16` / :data:`DATA_FIXES` when asked), each that was
+    not in place already announced in one log line (unless ``quiet``); with ``ranks``, the
+    ranks ``torch.multiprocessing.spawn`` starts install the same fixes. On leaving it, every
+    attribute they replaced and every exit hook they registered is as it was."""
+    saved, hooks = [], []
+    try:
+        for fix in chosen(data_fixes, cpu_bf16, every_sentence):
+            if _install(fix, saved, hooks) and not quiet:
+                announce(short_name(fix), fix.CHANGES, fix.REPLACES)
+        if ranks:
+            owner, name, spawn = _current(SPAWN)
+            if not getattr(spawn, "__realformer_fixed__", False):
+                saved.append((owner, name, spawn))
+                setattr(owner, name, _spawning_with_fixes(spawn, (data_fixes, cpu_bf16, every_sentence)))
+                if not quiet:
+                    announce("ranks", "every rank started by torch.multiprocessing.spawn installs these fixes "
+                                      "first", (SPAWN,))
+        yield
+    finally:
+        _restore(saved)
+        for hook in hooks:
+            atexit.unregister(hook)
+
+
+def install_for_good(data_fixes=False, cpu_bf16=False, every_sentence=False):
+    """Install the fixes of the asked groups for the rest of the process (a rank the launcher's
+    process started, a command of the tools), quietly."""
+    for fix in chosen(data_fixes, cpu_bf16, every_sentence):
+        fix.install()
+
+
+def _spawning_with_fixes(spawn, choice):
+    from ..launch import rank_with_fixes  # by its module's name (not __main__): it is pickled
+
+    @functools.wraps(spawn)
+    def wrapper(fn, *args, **kwargs):
+        return spawn(functools.partial(rank_with_fixes, choice, fn), *args, **kwargs)
+
+    wrapper.__realformer_fixed__ = True
+    return wrapper

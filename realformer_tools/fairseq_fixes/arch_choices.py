@@ -88,6 +88,14 @@ def arch_choices_with_suggestions(add_model_args):
     return wrapper
 
 
+# what install() replaces (module:attribute, as fairseq looks it up) and what that changes, for the
+# launcher's log line and its restoring (realformer_tools.fairseq_fixes.fixes_installed)
+REPLACES = (
+    "fairseq.options:add_model_args",
+)
+CHANGES = ("a mistyped --arch is one line naming the closest registered names")
+
+
 def install():
     if not getattr(options.add_model_args, _FIXED, False):
         options.add_model_args = arch_choices_with_suggestions(options.add_model_args)

@@ -48,6 +48,15 @@ def atomic_copy(src_path, dst_path):
     return True
 
 
+# what install() replaces (module:attribute, as fairseq looks it up) and what that changes, for the
+# launcher's log line and its restoring (realformer_tools.fairseq_fixes.fixes_installed)
+REPLACES = (
+    "fairseq.file_io:PathManager.copy",
+)
+CHANGES = ("checkpoint copies (checkpoint_best.pt, checkpoint_last.pt) written to a temporary file and "
+           "renamed: a kill cannot truncate them")
+
+
 def install_atomic_checkpoint_copy():
     """Wrap ``PathManager.copy`` (idempotent: an already wrapped copy is left alone)."""
     current = PathManager.__dict__["copy"].__func__  # a staticmethod

@@ -67,6 +67,15 @@ def _stop(consumers, deadline):
             consumer.join(0.01)
 
 
+# what install() replaces (module:attribute, as fairseq looks it up) and what that changes, for the
+# launcher's log line and its restoring (realformer_tools.fairseq_fixes.fixes_installed)
+REPLACES = (
+    "fairseq.data.iterators:BufferedIterator._create_consumer",
+)
+EXIT_HOOK = "stop_background_consumers"  # the exit hook install() registers (by name: defined below)
+CHANGES = ("fairseq's batch threads are stopped at exit (an exit hook): no SIGABRT after a finished run")
+
+
 def install():
     create_consumer = iterators.BufferedIterator._create_consumer
     if not getattr(create_consumer, "__realformer_fixed__", False):

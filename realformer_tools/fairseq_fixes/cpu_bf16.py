@@ -179,6 +179,21 @@ _SEAMS = (
 )
 
 
+# what install() replaces (module:attribute, as fairseq looks it up) and what that changes, for the
+# launcher's log line and its restoring (realformer_tools.fairseq_fixes.fixes_installed)
+REPLACES = (
+    "fairseq.options:parse_args_and_arch",
+    "fairseq_cli.generate:main",
+    "fairseq_cli.interactive:main",
+    "fairseq_cli.eval_lm:main",
+    "fairseq.models.fairseq_model:BaseFairseqModel.prepare_for_inference_",
+    "fairseq.trainer:Trainer.__init__",
+)
+CHANGES = ("--bf16 without a TPU trains in bfloat16 instead of asking for torch_xla; "
+           "fairseq-generate/-interactive/-eval-lm --bf16 decode in bfloat16 (fairseq alone: float32); "
+           "--fp16 training on CPU refused in one line")
+
+
 def install():
     for owner, name, fix in _SEAMS:
         if not getattr(getattr(owner, name), _FIXED, False):

@@ -140,6 +140,17 @@ def _gloo(dist):
         dist.distributed_backend = "gloo"
 
 
+# what install() replaces (module:attribute, as fairseq looks it up) and what that changes, for the
+# launcher's log line and its restoring (realformer_tools.fairseq_fixes.fixes_installed)
+REPLACES = (
+    "fairseq.models.distributed_fairseq_model:DistributedDataParallel",
+    "fairseq.distributed.utils:call_main",
+    "fairseq.distributed_utils:call_main",
+)
+CHANGES = ("CPU ranks: pytorch_ddp without device_ids, --cpu --distributed-world-size N starts N gloo "
+           "ranks, torchrun's ranks train together")
+
+
 def install():
     if not getattr(distributed_fairseq_model.DistributedDataParallel, _FIXED, False):
         distributed_fairseq_model.DistributedDataParallel = CpuAwareDistributedDataParallel

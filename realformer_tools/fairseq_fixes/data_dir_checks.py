@@ -116,6 +116,15 @@ def checked_make_dataset(make_dataset):
     return wrapper
 
 
+# what install() replaces (module:attribute, as fairseq looks it up) and what that changes, for the
+# launcher's log line and its restoring (realformer_tools.fairseq_fixes.fixes_installed)
+REPLACES = (
+    "fairseq.data.indexed_dataset:make_dataset",
+    "fairseq.tasks.translation:TranslationTask.setup_task",
+)
+CHANGES = ("a missing data dir or dictionary, or a truncated .bin, is one line naming the file")
+
+
 def install():
     if not getattr(indexed_dataset.make_dataset, _FIXED, False):
         indexed_dataset.make_dataset = checked_make_dataset(indexed_dataset.make_dataset)

@@ -107,6 +107,14 @@ def _epoch_dependent(itr) -> bool:
     return answer
 
 
+# what install() replaces (module:attribute, as fairseq looks it up) and what that changes, for the
+# launcher's log line and its restoring (realformer_tools.fairseq_fixes.fixes_installed)
+REPLACES = (
+    "fairseq.data.iterators:EpochBatchIterator.next_epoch_itr",
+)
+CHANGES = ("with DataLoader workers, data drawn per epoch (masked_lm's masks) is redrawn each epoch")
+
+
 def install():
     cls = iterators.EpochBatchIterator
     if not getattr(cls.next_epoch_itr, "__realformer_fixed__", False):

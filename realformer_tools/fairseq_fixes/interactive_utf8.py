@@ -51,5 +51,13 @@ def buffered_read(input, buffer_size):
             stdin.reconfigure(errors=strictness)  # a caller's sys.stdin is left as it was
 
 
+# what install() replaces (module:attribute, as fairseq looks it up) and what that changes, for the
+# launcher's log line and its restoring (realformer_tools.fairseq_fixes.fixes_installed)
+REPLACES = (
+    "fairseq_cli.interactive:buffered_read",
+)
+CHANGES = ("fairseq-interactive replaces undecodable UTF-8 bytes (a warning per line) instead of dying")
+
+
 def install():
     fairseq_cli.interactive.buffered_read = buffered_read

@@ -34,6 +34,15 @@ def keep_last_partial_batch(batch_by_size):
     return wrapper
 
 
+# what install() replaces (module:attribute, as fairseq looks it up) and what that changes, for the
+# launcher's log line and its restoring (realformer_tools.fairseq_fixes.fixes_installed)
+REPLACES = (
+    "fairseq.data.data_utils:batch_by_size",
+)
+CHANGES = ("every sentence batched: the last len % --required-batch-size-multiple sentences (up to 7) form "
+           "a smaller batch instead of being dropped")
+
+
 def install():
     if not getattr(data_utils.batch_by_size, "__realformer_fixed__", False):
         data_utils.batch_by_size = keep_last_partial_batch(data_utils.batch_by_size)

@@ -30,6 +30,16 @@ def get_buckets(sizes, num_buckets):
     return np.unique(np.percentile(sizes, np.linspace(0, 100, num_buckets + 1), method="lower")[1:])
 
 
+# what install() replaces (module:attribute, as fairseq looks it up) and what that changes, for the
+# launcher's log line and its restoring (realformer_tools.fairseq_fixes.fixes_installed)
+REPLACES = (
+    "numpy:compat",
+    "fairseq.data.data_utils:get_buckets",
+    "fairseq.data.bucket_pad_length_dataset:get_buckets",
+)
+CHANGES = ("numpy 2: numpy.compat.long defined as numpy.int64, --num-batch-buckets' percentile with method=")
+
+
 def install():
     compat = getattr(np, "compat", None)
     if compat is None:

@@ -89,6 +89,14 @@ def built_as_in_epoch_one(get_train_iterator):
     return wrapper
 
 
+# what install() replaces (module:attribute, as fairseq looks it up) and what that changes, for the
+# launcher's log line and its restoring (realformer_tools.fairseq_fixes.fixes_installed)
+REPLACES = (
+    "fairseq.trainer:Trainer.get_train_iterator",
+)
+CHANGES = ("a run resumed in epoch >= 2 trains on the batches the run never stopped would have")
+
+
 def install():
     if not getattr(Trainer.get_train_iterator, "__realformer_fixed__", False):
         Trainer.get_train_iterator = built_as_in_epoch_one(Trainer.get_train_iterator)

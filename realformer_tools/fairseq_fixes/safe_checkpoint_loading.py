@@ -302,14 +302,30 @@ def _make_safe_loader(original):
 def _types_allowed_throughout(load_checkpoint):
     """``Trainer.load_checkpoint`` with fairseq's types allowed for the whole call: with
     several ranks, rank 0 loads the file and sends the state to the others through
-    ``torch.save`` / ``torch.load`` (``distributed_utils.broadcast_object``)."""
+    ``torch.save`` / ``torch.load`` (``distributed_utils.broadcast_object``), whose message
+    also holds fairseq's ``_TensorPlaceholder`` (one int: where a tensor goes back in)."""
+    from fairseq.distributed.utils import _TensorPlaceholder
+
     @functools.wraps(load_checkpoint)
     def wrapper(*args, **kwargs):
-        with fairseq_checkpoint_types():
+        present = set(torch.serialization.get_safe_globals())
+        with fairseq_checkpoint_types(), \
+                torch.serialization.safe_globals([g for g in (_TensorPlaceholder,) if g not in present]):
             return load_checkpoint(*args, **kwargs)
 
     wrapper.__realformer_safe__ = True
     return wrapper
+
+
+# what install() replaces (module:attribute, as fairseq looks it up) and what that changes, for the
+# launcher's log line and its restoring (realformer_tools.fairseq_fixes.fixes_installed)
+REPLACES = (
+    "fairseq.checkpoint_utils:load_checkpoint_to_cpu",
+    "fairseq.checkpoint_utils:load_model_ensemble_and_task",
+    "fairseq.trainer:Trainer.load_checkpoint",
+)
+CHANGES = ("checkpoints load on torch >= 2.6, weights-only with fairseq's own types allowed per load; an "
+           "unsafe, missing or truncated file is one line")
 
 
 def install_safe_checkpoint_loading():

@@ -83,6 +83,14 @@ def checked_main(main):
     return wrapper
 
 
+# what install() replaces (module:attribute, as fairseq looks it up) and what that changes, for the
+# launcher's log line and its restoring (realformer_tools.fairseq_fixes.fixes_installed)
+REPLACES = (
+    "fairseq_cli.train:main",
+)
+CHANGES = ("fairseq-train checks its data and --restore-file before it creates --save-dir")
+
+
 def install():
     if not getattr(fairseq_cli.train.main, _FIXED, False):
         fairseq_cli.train.main = checked_main(fairseq_cli.train.main)

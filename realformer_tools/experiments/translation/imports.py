@@ -38,7 +38,7 @@ def _normalized(cmd):
     """A fairseq command as compared here: tool name without its folder, the data dir's name,
     no ``--save-dir`` value nor those ``fairseq_runs.NOT_RECIPE`` leaves out (``--user-dir``,
     ``--log-format``: the committed runs were logged in ``simple`` format)."""
-    cmd = [str(c) for c in cmd]
+    cmd = fairseq_runs.fairseq_part(cmd)
     out = [os.path.basename(cmd[0]), os.path.basename(os.path.normpath(cmd[1]))] if len(cmd) > 1 else list(cmd)
     skip = False
     for c in cmd[2:]:

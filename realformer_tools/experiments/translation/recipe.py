@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from realformer_nmt.errors import ConfigError, DataError
 
-from ...fairseq_fixes import SWITCH as DATA_FIXES_SWITCH
+from ...launch import DATA_FIXES_ENV as DATA_FIXES_SWITCH
 from ...plugin_dir import plugin_dir
 from .. import fairseq_runs
 
@@ -175,7 +175,7 @@ def eval_bleu_flags(beam=5):
 
 
 def train_command(data, backbone, recipe, seed, save_dir, residual_mode="sum", lr=None):
-    return ([fairseq_runs.fairseq_cli("fairseq-train"), data] + backbone_flags(backbone, residual_mode)
+    return ([*fairseq_runs.fairseq_cli("fairseq-train"), data] + backbone_flags(backbone, residual_mode)
             + recipe.model_flags(corpus_info(data)) + recipe.train_flags(lr)
             + ["--seed", str(seed), "--save-dir", save_dir, "--user-dir", USER_DIR])
 

@@ -15,7 +15,6 @@ from dataclasses import asdict
 
 from realformer_nmt.errors import ConfigError
 
-from ...fairseq_fixes import with_data_fixes
 from .. import fairseq_runs
 from .recipe import ENVIRONMENT, backbone_flags, check_environment, corpus_info, train_command
 from .report import fmt
@@ -31,7 +30,7 @@ def run_one(data, references, backbone, recipe, seed, run_dir, residual_mode="su
     not decoded (its ``bleu`` is None). Training and decoding run with the data fixes on
     (``recipe.ENVIRONMENT``, recorded as ``environment``).
     """
-    env = with_data_fixes(env or fairseq_runs.cli_env())
+    env = fairseq_runs.with_data_fixes(env or fairseq_runs.cli_env())
     label = f"[{backbone} seed {seed}{'' if lr is None else f' lr {lr:g}'}] "
     done = finished_run(data, backbone, recipe, seed, run_dir, residual_mode, lr)
     if done is not None:
@@ -103,7 +102,7 @@ def score_test_sets(result, data, recipe, env=None, log=print, label=""):
             log(f"{label}no {checkpoint}: {', '.join(t['name'] for t in todo)} cannot be scored")
         return result
     info = corpus_info(data)
-    env = with_data_fixes(env or fairseq_runs.cli_env())
+    env = fairseq_runs.with_data_fixes(env or fairseq_runs.cli_env())
     scores = test_set_scores(result, data)
     for t in todo:
         scored = fairseq_runs.generate_and_score(

@@ -1,0 +1,192 @@
+"""``realformer-fairseq``: run a fairseq 0.12 command with the fixes to fairseq 0.12 installed.
+
+    realformer-fairseq [--data-fixes] [--cpu-bf16] <fairseq-command> [the command's own arguments ...]
+    python -m realformer_tools.launch [...]   (the same)
+
+e.g. ``realformer-fairseq fairseq-generate data-bin --user-dir realformer_nmt --path ck.pt``.
+The fixes (:mod:`realformer_tools.fairseq_fixes`: checkpoints that load on torch >= 2.6,
+atomic checkpoint copies, one-line errors, CPU ranks, ...) are installed in this process and
+in every rank it starts, each announced in one log line, and then the fairseq command's own
+``cli_main`` runs, exactly as its console script would. ``fairseq-generate``,
+``-validate``, ``-interactive`` and ``-eval-lm`` always score every sentence (fairseq 0.12
+alone drops the last ``len % 8``). ``--data-fixes`` (or ``REALFORMER_NMT_DATA_FIXES=1``)
+adds the fixes that change what training sees; ``--cpu-bf16`` (or
+``REALFORMER_NMT_CPU_BF16=1``) the bf16-without-a-TPU fix, which also makes
+``fairseq-generate --bf16`` decode in bfloat16. Only this launcher reads the two variables;
+importing the plugin (``--user-dir realformer_nmt``) installs nothing.
+
+In a program: :func:`main` (``main(["fairseq-train", ...])``, returns the exit status) or
+:func:`fixes_installed` around in-process fairseq calls.
+"""
+
+import argparse
+import importlib.metadata
+import logging
+import os
+import sys
+
+# Nothing of fairseq (nor the plugin, which imports it) is imported before main() has set up
+# fairseq's log format: fairseq_cli's modules set it before their own imports, and one of
+# fairseq's modules sets another one on import.
+
+PROGRAM = "realformer-fairseq"
+DATA_FIXES_ENV = "REALFORMER_NMT_DATA_FIXES"
+CPU_BF16_ENV = "REALFORMER_NMT_CPU_BF16"
+FLAGS = {"--data-fixes": DATA_FIXES_ENV, "--cpu-bf16": CPU_BF16_ENV}
+# the commands that score a test set: every sentence of it, always
+LOG_FORMAT, LOG_DATES = "%(asctime)s | %(levelname)s | %(name)s | %(message)s", "%Y-%m-%d %H:%M:%S"  # fairseq's CLIs'
+SCORING = ("fairseq-generate", "fairseq-validate", "fairseq-interactive", "fairseq-eval-lm")
+
+USAGE = f"""usage: {PROGRAM} [--data-fixes] [--cpu-bf16] FAIRSEQ_COMMAND [ARGS ...]
+
+Runs a fairseq 0.12 command (fairseq-train, fairseq-generate, ...) with the fixes to fairseq
+0.12 installed, each announced in one log line (docs/reliability.md). fairseq-generate,
+-validate, -interactive and -eval-lm score every sentence.
+
+options (before the fairseq command; its own flags follow it):
+  --data-fixes  also the fixes that change what training sees: every sentence batched, masks
+                redrawn each epoch with DataLoader workers, a resumed run's batches as if never
+                stopped (or {DATA_FIXES_ENV}=1)
+  --cpu-bf16    --bf16 without a TPU: bfloat16 training through fairseq's FP16Optimizer, and
+                bfloat16 decoding for fairseq-generate/-interactive/-eval-lm --bf16 (or
+                {CPU_BF16_ENV}=1)
+  -h, --help    this help (FAIRSEQ_COMMAND --help: the command's own)
+"""
+
+
+class UsageError(ValueError):
+    """A launcher option or switch that cannot be used (printed as one line, exit status 2)."""
+
+
+def fixes_installed(data_fixes=False, cpu_bf16=False, **kwargs):
+    """The fixes to fairseq 0.12 installed for a ``with`` block, each replaced attribute
+    restored after it (:func:`realformer_tools.fairseq_fixes.fixes_installed`: also
+    ``every_sentence``, ``ranks``, ``quiet``)."""
+    from .fairseq_fixes import fixes_installed as installed
+
+    return installed(data_fixes=data_fixes, cpu_bf16=cpu_bf16, **kwargs)
+
+
+def fairseq_commands():
+    """``{"fairseq-train": entry point, ...}``: fairseq's console scripts."""
+    found = {}
+    for entry in importlib.metadata.entry_points(group="console_scripts"):
+        if entry.value.startswith("fairseq_cli."):
+            found.setdefault(entry.name, entry)
+    return found
+
+
+def switch_asked(name, environ=None) -> bool:
+    """Whether the variable ``name`` is ``1``; unset, empty or ``0`` is no; anything else is
+    refused with one line."""
+    value = (os.environ if environ is None else environ).get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise UsageError(f"{name}={value!r}: set it to 1 or 0 (or leave it unset)")
+    return value == "1"
+
+
+def parse(argv, environ=None):
+    """``(groups, command, its arguments)``; ``groups`` = ``{"data_fixes": bool, "cpu_bf16": bool}``."""
+    argv = list(argv)
+    asked = {flag: switch_asked(env, environ) for flag, env in FLAGS.items()}
+    while argv and argv[0].startswith("-"):
+        word = argv.pop(0)
+        if word in ("-h", "--help"):
+            raise SystemExit(print(USAGE, end=""))
+        if word not in FLAGS:
+            raise UsageError(f"{word}: not an option of {PROGRAM} (--data-fixes, --cpu-bf16; the fairseq "
+                              "command's own flags go after its name)")
+        asked[word] = True
+    if not argv:
+        raise UsageError(f"no fairseq command given: {PROGRAM} [--data-fixes] [--cpu-bf16] fairseq-train ...")
+    command = os.path.basename(argv[0])  # a path to the console script is taken too
+    commands = fairseq_commands()
+    if command not in commands:
+        raise UsageError(f"{argv[0]!r} is not a fairseq command (one of {', '.join(sorted(commands))})")
+    return {"data_fixes": asked["--data-fixes"], "cpu_bf16": asked["--cpu-bf16"]}, command, argv[1:]
+
+
+def import_user_dir(args):
+    """Import the plugin named by ``--user-dir`` in ``args`` as fairseq will (before the fixes,
+    whose errors are the plugin's: one copy of it in the process, the one the command names)."""
+    for i, word in enumerate(args):
+        value = args[i + 1] if word == "--user-dir" and i + 1 < len(args) else \
+            word.split("=", 1)[1] if word.startswith("--user-dir=") else None
+        if value:
+            from fairseq.utils import import_user_module
+
+            import_user_module(argparse.Namespace(user_dir=value))
+
+
+def rank_with_fixes(choice, fn, index, *args):
+    """A rank that ``torch.multiprocessing.spawn`` started from a launched command (pickled by
+    name: this module imports nothing of fairseq): the command's ``--user-dir`` imported, the
+    fixes installed, then ``fn(index, *args)``. A function among ``args`` that a fix has
+    wrapped since it was unpickled (fairseq's ``main``, pickled by name) is replaced by its
+    wrapped form."""
+    for arg in args:
+        user_dir = getattr(getattr(arg, "common", None), "user_dir", None)
+        if user_dir:
+            import_user_dir(["--user-dir", user_dir])
+    logging.basicConfig(format=LOG_FORMAT, datefmt=LOG_DATES, level=os.environ.get("LOGLEVEL", "INFO").upper(),
+                        stream=sys.stdout, force=True)  # fairseq's, as in the launcher's process
+    from .fairseq_fixes import install_for_good
+
+    install_for_good(*choice)
+    fn(index, *(_as_now(arg) for arg in args))
+
+
+def _as_now(obj):
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    qualname = getattr(obj, "__qualname__", None)
+    if module is None or not callable(obj) or not qualname or "<" in qualname:
+        return obj
+    now = module
+    for part in qualname.split("."):
+        now = getattr(now, part, None)
+    return now if getattr(now, "__wrapped__", None) is obj else obj
+
+
+def main(argv=None) -> int:
+    """Run ``argv`` (default: this process's command line) as the launcher; the exit status."""
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    try:
+        groups, command, args = parse(argv)
+    except UsageError as exc:
+        print(f"{PROGRAM}: error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit:  # --help
+        return 0
+    # fairseq's CLIs' log format (a no-op where logging is set up already, as in a program)
+    logging.basicConfig(format=LOG_FORMAT, datefmt=LOG_DATES, level=os.environ.get("LOGLEVEL", "INFO").upper(),
+                        stream=sys.stdout)
+    cli_main = fairseq_commands()[command].load()
+    import_user_dir(args)
+    from realformer_nmt.errors import RealFormerError
+    saved_argv = sys.argv
+    sys.argv = [command, *args]
+    try:
+        with fixes_installed(every_sentence=command in SCORING, **groups):
+            cli_main()
+    except RealFormerError as exc:
+        print(f"realformer_nmt: error: {exc}", file=sys.stderr)
+        return 1
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    finally:
+        sys.argv = saved_argv
+    return 0
+
+
+def command():
+    """The console command ``realformer-fairseq``."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # python -m realformer_tools.launch: this module under its own name (ranks pickle it)
+    from realformer_tools.launch import command as _command
+
+    _command()
