@@ -90,7 +90,7 @@ DRY = Sizes(
     model_flags=("--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 16 --decoder-embed-dim 16 "
                  "--encoder-ffn-embed-dim 32 --decoder-ffn-embed-dim 32 --encoder-attention-heads 2 "
                  "--decoder-attention-heads 2 --share-all-embeddings").split(),
-    max_tokens=512, warmup_updates=2, train_updates=4, ddp_updates=3, log_interval=1,
+    max_tokens=512, warmup_updates=4, train_updates=6, ddp_updates=8, log_interval=1,
     train_precisions=["fp32"], train_kernels=["vanilla", "bias"], jobs=2,
 )
 GPU_BOUND_NOTE = ("A row whose GPU is busy less than 80% of a step (host-bound) times Python and kernel launches: "
