@@ -3,8 +3,8 @@
 #   make test        the test suite, on two workers (pytest-xdist; PYTEST_WORKERS=0: in one process)
 #   make test-fast   the tests that start no training process (-m "not slow"), for the edit-test loop
 #   make lint        ruff (ruff.toml: pyflakes, pycodestyle, bugbear, isort); CI runs it before the tests
-#   make gpu-check   everything a GPU must prove (docs/gpu.md): GPU_CHECK_ARGS=--quick first (~9 min),
-#                    then the full check; add --dry-run to either on CPU
+#   make gpu-check   everything a GPU must show, in priority order within one lease (docs/gpu.md;
+#                    bash scripts/gpu_device_run.sh sets up first); GPU_CHECK_ARGS=--dry-run on CPU
 #   make gpu-wheels  download into .whl/ the wheels a GPU machine without network needs
 # On a machine whose Python already has torch (a GPU machine): make gpu-check PY=python3
 # uses that interpreter and skips the venv set-up (scripts/gpu_machine_setup.sh installs the rest).

@@ -12,9 +12,9 @@ For each variant (fairseq's ``transformer``, RealFormer with the ``auto`` kernel
   compiled / eager; and how far apart the two models' weights are after those steps.
 
 Dropout is off (compiled code draws its own random numbers, so only dropout-free runs
-can be compared number for number; with dropout off, ``auto`` picks the fused kernel
-on CPU). Inductor's on-disk cache is a fresh temporary folder unless ``--warm-cache``,
-so compile times are cold-start times.
+can be compared number for number; on CPU ``auto`` runs ``materialized``). Inductor's
+on-disk cache is a fresh temporary folder unless ``--warm-cache``, so compile times are
+cold-start times.
 
 Run: ``python -m realformer_tools.experiments.compile_check --json out.json``. Each
 variant's result is written as soon as it is measured; re-running with the same

@@ -36,13 +36,14 @@ def tests_section(run, deadline):
     checks = []
     runs = [("triton kernel tests", TRITON_TESTS)] + ([] if run.dry_run else [("half-precision tests", GPU_TESTS)])
     for name, select in runs:
-        xml = os.path.join(run.work, f"{name.split()[0]}-tests.xml")
+        xml = os.path.abspath(os.path.join(run.work, f"{name.split()[0]}-tests.xml"))  # pytest runs in REPO
         log_path = xml.replace(".xml", ".log")
         cmd = [sys.executable, "-m", "pytest", *select, "-q", "-p", "no:cacheprovider", "-rfE", "--maxfail", "5",
                f"--junitxml={xml}"] + (["--collect-only"] if run.dry_run else [])
+        shown = portable(cmd).replace(xml, rel(xml))
         left = deadline - time.time()
         if left < 5:
-            checks.append(check(name, "failed", "not run: the section's deadline had passed", command=portable(cmd)))
+            checks.append(check(name, "failed", "not run: the section's deadline had passed", command=shown))
             continue
         if os.path.exists(xml):
             os.remove(xml)
@@ -53,7 +54,7 @@ def tests_section(run, deadline):
             except subprocess.TimeoutExpired:
                 code = None
         counts, failed = junit_counts(xml)
-        details = dict(command=portable(cmd), log=rel(log_path), counts=counts, failed_tests=failed)
+        details = dict(command=shown, log=rel(log_path), counts=counts, failed_tests=failed)
         run.log(f"tests: {name}: exit {code}, {counts}")
         if run.dry_run:
             collected = sum(1 for line in open(log_path, errors="replace") if "::" in line)
