@@ -173,7 +173,7 @@ def _backward_kv(Q, K, V, DO, ROOT, Q1, K1, GNEXT, PAD, M, L, DELTA, G, DK, DV, 
     dk = tl.zeros([BLOCK_N, BLOCK_D], SUM)
     dv = tl.zeros([BLOCK_N, BLOCK_D], SUM)
     base_bh = bh.to(tl.int64) * T * S
-    lo = 0
+    lo = pid_n * 0  # a tensor, so that a runtime `if` may change it (a Python int would not be)
     if skip_future:  # query blocks before lo: the forward's zero blocks, no gradient
         lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
     for start_m in range(0, lo, BLOCK_M):
@@ -276,9 +276,11 @@ def _settings(x: torch.Tensor, head_dim: int):
     # Triton 3.6's interpreter multiplies bfloat16 as raw integers: there the dots run in float32
     dot = tl.float32 if INTERPRETED and x.dtype == torch.bfloat16 else _TL_DTYPES[x.dtype]
     precision = "ieee" if x.dtype in (torch.float32, torch.float64) else "tf32"  # tf32: ignored for half inputs
+    # BLOCK_M == BLOCK_N: the blocks skipped above the diagonal assume it
     if INTERPRETED or x.device.type != "cuda":  # small blocks: several per test length, interpreted quickly
         return dict(DOT=dot, PRECISION=precision, BLOCK_D=block_d, BLOCK_M=16, BLOCK_N=16), {}
-    return (dict(DOT=dot, PRECISION=precision, BLOCK_D=block_d, BLOCK_M=64, BLOCK_N=64),
+    block = 32 if block_d > 64 and x.element_size() == 4 else 64  # fp32, d 128 at 64: 197 KB of shared memory
+    return (dict(DOT=dot, PRECISION=precision, BLOCK_D=block_d, BLOCK_M=block, BLOCK_N=block),
             dict(num_warps=4 if block_d <= 64 else 8, num_stages=2))
 
 
