@@ -174,19 +174,27 @@ def _refuse_unmarked_training(tool, args):
                     "(make test-fast leaves those out)", pytrace=False)
 
 
-def _fresh_logging(tool, stream):
-    """The root logger as a fresh process running ``tool`` has it before ``main``: for a fairseq
-    command as fairseq_cli's modules configure it on import (``logging.basicConfig``: INFO, one
-    handler writing to stdout), for another command none (WARNING, no handler: the command
-    configures its own)."""
+def _fresh_logging(tool, out, err, launched):
+    """The root logger as a fresh process running ``tool`` has it when ``main`` starts (fairseq
+    0.12, measured): ``fairseq-train`` configures it on import (INFO, fairseq's format, stdout);
+    fairseq's other commands import fairseq first, whose ``wav2vec2_classification`` module calls
+    ``logging.basicConfig(level=logging.DEBUG)`` (DEBUG, Python's default format, stderr); the
+    launcher (``launched``) and other commands start with none (WARNING, no handler) and
+    configure their own."""
     root = logging.getLogger()
     root.handlers[:] = []
     root.setLevel(logging.WARNING)
-    if tool.startswith("fairseq-"):
-        handler = logging.StreamHandler(stream)
+    if launched or not tool.startswith("fairseq-"):
+        return
+    if tool == "fairseq-train":
+        handler = logging.StreamHandler(out)
         handler.setFormatter(logging.Formatter(FAIRSEQ_LOG_FORMAT, FAIRSEQ_DATE_FORMAT))
-        root.handlers[:] = [handler]
         root.setLevel(os.environ.get("LOGLEVEL", "INFO").upper())
+    else:
+        handler = logging.StreamHandler(err)
+        handler.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+        root.setLevel(logging.DEBUG)
+    root.addHandler(handler)
 
 
 def _exit_status(function, *args):
@@ -254,7 +262,8 @@ def run_in_process(tool, *args, check=True, input=None, env=None, cwd=None, fixe
             # as a fresh process shows them: once per place, on stderr when raised
             warnings.simplefilter("default")
             warnings.showwarning = _show_warning(err)
-            _fresh_logging(tool, out)
+            launch = _launcher() if fixes else None
+            _fresh_logging(tool, out, err, launched=launch is not None and tool in launch.fairseq_commands())
             code = _call(tool, args, fixes, data_fixes, cpu_bf16)
     finally:
         state.restore()
