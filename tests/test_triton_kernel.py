@@ -4,7 +4,9 @@ previous sum, for every mask layout of a translation model (encoder self attenti
 left-padded keys, decoder self attention causal with right- or left-padded keys, cross
 attention), sum and mean, the first, a middle and the last layer of a path, lengths that are
 not multiples of the block size, head dims 32, 64 and 128; float32 and float16 / bfloat16
-inputs within the error of fairseq's own attention recipe in that precision; a whole
+inputs within the error of fairseq's own attention recipe in that precision; attention dropout
+against the same reference applying the kernel's own keep mask; the sums a path keeps and their
+bit-identical rebuild; launches per layer and compiled variants per run; a whole
 ``realformer_transformer`` with ``triton`` equals ``materialized`` in training and in cached
 beam search; where it does not apply, it falls back and says so once.
 
@@ -279,6 +281,31 @@ def test_dropout_reproduces_with_torch_seed(kernels):
         torch.manual_seed(seed)
         outs.append(module.residual_attention(q, k, v, prev, pad, dropout_p=0.1)[0])
     assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
+
+
+def test_dropout_on_cuda_takes_the_generators_philox_offset(kernels, monkeypatch):
+    """On CUDA the seed is the device generator's and the offset its Philox offset, advanced past
+    the call's draws (in steps of 4, as torch's own kernels advance it), so the next call's draws
+    follow and ``torch.cuda.manual_seed`` (which ``--seed`` sets) replays them."""
+    module = kernels[0]
+
+    class Generator:
+        offset = 8
+
+        def initial_seed(self):
+            return 7
+
+        def get_offset(self):
+            return self.offset
+
+        def set_offset(self, offset):
+            self.offset = offset
+
+    monkeypatch.setattr(torch.cuda, "default_generators", (Generator(),))
+    cuda = torch.device("cuda", 0)
+    first, second = module.philox_seed_offset(cuda, 10), module.philox_seed_offset(cuda, 10)
+    assert first == (7 + module.HIGH, 8 + module.HIGH) and second == (7 + module.HIGH, 20 + module.HIGH)
+    assert torch.cuda.default_generators[0].offset == 32
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
