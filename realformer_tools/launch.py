@@ -20,6 +20,9 @@ In a program: :func:`main` (``main(["fairseq-train", ...])``, returns the exit s
 """
 
 import argparse
+import contextlib
+import functools
+import importlib
 import importlib.metadata
 import logging
 import os
@@ -35,6 +38,7 @@ CPU_BF16_ENV = "REALFORMER_NMT_CPU_BF16"
 FLAGS = {"--data-fixes": DATA_FIXES_ENV, "--cpu-bf16": CPU_BF16_ENV}
 # the commands that score a test set: every sentence of it, always
 LOG_FORMAT, LOG_DATES = "%(asctime)s | %(levelname)s | %(name)s | %(message)s", "%Y-%m-%d %H:%M:%S"  # fairseq's CLIs'
+SPAWN = "torch.multiprocessing:spawn"
 SCORING = ("fairseq-generate", "fairseq-validate", "fairseq-interactive", "fairseq-eval-lm")
 
 USAGE = f"""usage: {PROGRAM} [--data-fixes] [--cpu-bf16] FAIRSEQ_COMMAND [ARGS ...]
@@ -58,13 +62,45 @@ class UsageError(ValueError):
     """A launcher option or switch that cannot be used (printed as one line, exit status 2)."""
 
 
-def fixes_installed(data_fixes=False, cpu_bf16=False, **kwargs):
-    """The fixes to fairseq 0.12 installed for a ``with`` block, each replaced attribute
-    restored after it (:func:`realformer_tools.fairseq_fixes.fixes_installed`: also
-    ``every_sentence``, ``ranks``, ``quiet``)."""
+@contextlib.contextmanager
+def fixes_installed(data_fixes=False, cpu_bf16=False, every_sentence=False, ranks=True, quiet=False):
+    """The fixes to fairseq 0.12 installed for a ``with`` block, each announced in one log line
+    (unless ``quiet``) and each replaced attribute restored after it
+    (:func:`realformer_tools.fairseq_fixes.fixes_installed`); with ``ranks``, every rank
+    ``torch.multiprocessing.spawn`` starts meanwhile (fairseq's GPU ranks, the CPU ranks of
+    ``--cpu --distributed-world-size N``: fresh interpreters) installs the same fixes first."""
+    from .fairseq_fixes import announce
     from .fairseq_fixes import fixes_installed as installed
 
-    return installed(data_fixes=data_fixes, cpu_bf16=cpu_bf16, **kwargs)
+    with installed(data_fixes=data_fixes, cpu_bf16=cpu_bf16, every_sentence=every_sentence, quiet=quiet):
+        import torch.multiprocessing
+
+        spawn = torch.multiprocessing.spawn
+        if not ranks or getattr(spawn, "__realformer_fixed__", False):
+            yield
+            return
+        torch.multiprocessing.spawn = _spawning_with_fixes(spawn, (data_fixes, cpu_bf16, every_sentence))
+        if not quiet:
+            announce("ranks", "every rank started by torch.multiprocessing.spawn installs these fixes first", (SPAWN,))
+        try:
+            yield
+        finally:
+            torch.multiprocessing.spawn = spawn
+
+
+def _spawning_with_fixes(spawn, choice):
+    @functools.wraps(spawn)
+    def wrapper(fn, *args, **kwargs):
+        return spawn(functools.partial(_module().rank_with_fixes, choice, fn), *args, **kwargs)
+
+    wrapper.__realformer_fixed__ = True
+    return wrapper
+
+
+def _module():
+    """This module under its own name (run as ``python -m``, this file is also ``__main__``,
+    whose functions a spawned rank could not find by that name)."""
+    return importlib.import_module("realformer_tools.launch")
 
 
 def fairseq_commands():
@@ -186,7 +222,5 @@ def command():
     sys.exit(main())
 
 
-if __name__ == "__main__":  # python -m realformer_tools.launch: this module under its own name (ranks pickle it)
-    from realformer_tools.launch import command as _command
-
-    _command()
+if __name__ == "__main__":
+    command()

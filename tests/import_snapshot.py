@@ -19,6 +19,10 @@ prints, as JSON, every difference that is not one of these:
   dataclass registries, ..., and every dict ``fairseq.registry.setup_registry`` made);
   an entry that was there must stay the same object.
 
+``python tests/import_snapshot.py launcher``: the same measurement around the launcher's
+``fixes_installed`` (every group of fixes) instead of the import: what changes inside the
+block, and what is left changed after it.
+
 ``python tests/import_snapshot.py bare``: imports ``realformer_nmt`` and nothing before;
 prints the root logger, the exit hook, the allow-list and the environment afterwards and
 the ``fairseq*`` modules loaded, in order. ``python tests/import_snapshot.py fairseq
@@ -176,6 +180,17 @@ def main(argv):
         after = snapshot()
         print(json.dumps({"changes": differences(before, after), "registered": grown(before, after),
                           "new_modules": sorted(after["modules"] - before["modules"])}))
+    elif argv[0] == "launcher":
+        for name in HOST:
+            importlib.import_module(name)
+        import realformer_nmt  # noqa: F401
+        from realformer_tools.launch import fixes_installed
+
+        before = snapshot()
+        with fixes_installed(data_fixes=True, cpu_bf16=True, every_sentence=True, quiet=True):
+            inside = snapshot()
+        after = snapshot()
+        print(json.dumps({"inside": differences(before, inside), "after": differences(before, after)}))
     elif argv[0] == "bare":
         import realformer_nmt  # noqa: F401
 

@@ -1,6 +1,5 @@
-"""realformer_tools.fairseq_fixes: installed from one place, once (the suite runs with
-``REALFORMER_NMT_FAIRSEQ_FIXES=1`` and ``REALFORMER_NMT_DATA_FIXES=1``, tests/conftest.py);
-the numpy 2 alias fix."""
+"""realformer_tools.fairseq_fixes: each documents its bug; installing them again replaces
+nothing; the numpy 2 alias fix."""
 
 import atexit
 
@@ -29,6 +28,7 @@ from fairseq.trainer import Trainer
 
 from realformer_tools import fairseq_fixes as fairseq_patches
 from realformer_tools.fairseq_fixes import interactive_utf8, numpy2_compat
+from realformer_tools.launch import fixes_installed
 
 
 def test_every_patch_module_documents_its_bug_and_when_to_drop_it():
@@ -60,11 +60,16 @@ def replaced_objects():
     }
 
 
-def test_install_all_again_replaces_nothing():
-    """``import realformer_nmt`` with both switches on installed every patch; installing again (twice) leaves
-    every replaced object as it is: no second wrapper, no second exit hook, no second
-    allow-list entry."""
-    # the patches are in place (an install_all that did nothing would pass trivially below)
+def test_installing_again_replaces_nothing():
+    """With every group of fixes installed (the launcher's ``fixes_installed``), installing
+    them again (twice) leaves every replaced object as it is: no second wrapper, no second
+    exit hook, no second allow-list entry."""
+    with fixes_installed(data_fixes=True, cpu_bf16=True, every_sentence=True, quiet=True):
+        _check_installing_again()
+
+
+def _check_installing_again():
+    # the patches are in place (an install that did nothing would pass trivially below)
     assert checkpoint_utils.load_checkpoint_to_cpu.__realformer_safe__
     assert PathManager.copy.__realformer_atomic__
     assert data_utils.batch_by_size.__realformer_fixed__
@@ -76,12 +81,12 @@ def test_install_all_again_replaces_nothing():
     assert fairseq_cli.generate.main.__realformer_fixed__
     assert distributed_fairseq_model.DistributedDataParallel.__realformer_fixed__
     before = replaced_objects()
-    assert set(before) == {patch.__name__.rsplit(".", 1)[1] for patch in fairseq_patches.PATCHES}
+    assert set(before) == {patch.__name__.rsplit(".", 1)[1] for patch in fairseq_patches.PATCHES} - {"one_line_errors"}
     exit_hooks = atexit._ncallbacks()
     safe_globals = list(torch.serialization.get_safe_globals())
 
-    fairseq_patches.install_all()
-    fairseq_patches.install_all()
+    for _ in range(2):
+        fairseq_patches.install_for_good(data_fixes=True, cpu_bf16=True, every_sentence=True)
 
     after = replaced_objects()
     replaced_again = [name for name, objects in before.items()
@@ -125,39 +130,25 @@ def test_batch_buckets_under_numpy_2():
 def test_a_program_that_configured_logging_keeps_it():
     """fairseq's imports call logging.basicConfig (DEBUG, INFO), which does nothing where a
     program configured logging first, as every fairseq-* command does before ``--user-dir``
-    loads the plugin: importing realformer_nmt, with the fixes or without, leaves it so.
+    loads the plugin: importing realformer_nmt leaves it so.
     (What a bare import does to the root logger, that is fairseq's imports' doing, is in
     tests/test_import_changes_nothing.py.)"""
     import os
     import subprocess
     import sys
 
-    from realformer_nmt.fairseq_fixes_switch import FIXES_SWITCH
-
     configured = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
                   "import realformer_nmt; root = logging.getLogger(); "
                   "print(len(root.handlers), logging.getLevelName(root.level))")
-    for switch in ("0", "1"):
-        proc = subprocess.run([sys.executable, "-c", configured], capture_output=True, text=True, timeout=300,
-                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                              env=dict(os.environ, **{FIXES_SWITCH: switch}))
-        assert proc.stdout.strip().splitlines()[-1] == "1 INFO", proc.stdout
-        # fairseq's import-time "Please install tensorboardX" (a speech task's INFO line) is not printed, also
-        # where fairseq is imported with INFO logging on before any plugin loads, as every fairseq-* command does
-        assert "Please install tensorboardX" not in proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "-c", configured], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.stdout.strip().splitlines()[-1] == "1 INFO", proc.stdout
+    # fairseq's import-time "Please install tensorboardX" (a speech task's INFO line) is not printed, also
+    # where fairseq is imported with INFO logging on before any plugin loads, as every fairseq-* command does
+    assert "Please install tensorboardX" not in proc.stdout + proc.stderr
     fairseq_cli = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
                    "import fairseq.tasks, fairseq.models; print('imported')")
     proc = subprocess.run([sys.executable, "-c", fairseq_cli], capture_output=True, text=True, timeout=300)
     assert proc.stdout.strip().splitlines()[-1] == "imported", proc.stdout + proc.stderr
     assert "Please install tensorboardX" not in proc.stdout + proc.stderr
 
-
-def test_the_data_fixes_announce_themselves_in_fairseq_commands_only():
-    """The data-fixes line is said in the fairseq command whose data it changes, not by a
-    tool of ours that only imports the plugin (whose one-line errors stay one line)."""
-    from realformer_tools import fairseq_fixes
-
-    for program in ("/venv/bin/fairseq-train", "fairseq-generate", "/x/site-packages/fairseq_cli/train.py"):
-        assert fairseq_fixes._in_a_fairseq_command(program), program
-    for program in ("scripts/prepare_data.py", "/venv/bin/realformer-export-hf", "-c", ""):
-        assert not fairseq_fixes._in_a_fairseq_command(program), program

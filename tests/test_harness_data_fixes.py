@@ -11,10 +11,9 @@ import pytest
 from conftest import REPO
 
 from realformer_nmt.errors import ConfigError
-from realformer_nmt.fairseq_fixes_switch import FIXES_SWITCH
 from realformer_tools.experiments import compare, fairseq_runs
 from realformer_tools.experiments.translation import imports, runs
-from realformer_tools.fairseq_fixes import SWITCH
+from realformer_tools.launch import DATA_FIXES_ENV as SWITCH
 
 COMMITTED = REPO / "results" / "multi30k_en_de.json"
 
@@ -29,7 +28,7 @@ def test_runs_train_and_decode_with_the_switch_on_whatever_the_environment(tmp_p
     seen = {}
 
     def train(cmd, run_dir, label, log, max_update, env):
-        seen["train"] = env
+        seen["train"], seen["train_command"] = env, [str(c) for c in cmd]
         open(os.path.join(run_dir, "checkpoint_best.pt"), "wb").close()
         return {"status": "finished", "reason": None, "seconds": 1.0, "updates": 4,
                 "curve": [{"update": 4, "loss": 3.0}], "command": [str(c) for c in cmd], "log": "x"}
@@ -46,7 +45,7 @@ def test_runs_train_and_decode_with_the_switch_on_whatever_the_environment(tmp_p
     result = runs.run_one(str(tmp_path / "data"), "refs", "postln", compare.Recipe(max_update=4), 1, str(run_dir),
                           log=lambda m: None)
     assert seen["train"][SWITCH] == "1" and seen["generate"][SWITCH] == "1"
-    assert seen["train"][FIXES_SWITCH] == "1" and seen["generate"][FIXES_SWITCH] == "1"  # the fixes to fairseq too
+    assert seen["train_command"][1:4] == ["-m", "realformer_tools.launch", "fairseq-train"]  # the fixes to fairseq
     assert result["environment"] == {SWITCH: "1"}
     assert json.loads((run_dir / "result.json").read_text())["environment"] == {SWITCH: "1"}
 

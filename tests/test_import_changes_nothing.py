@@ -1,7 +1,8 @@
 """``import realformer_nmt`` (what ``--user-dir realformer_nmt`` does) registers the
-models, the task and the criterions and changes nothing else in the process; the fixes to
-fairseq are installed only when ``REALFORMER_NMT_FAIRSEQ_FIXES=1`` / ``REALFORMER_NMT_DATA_FIXES=1``
-ask for them, and then exactly the ones docs/reliability.md lists.
+models, the task and the criterions and changes nothing else in the process, whatever the
+environment says; the fixes to fairseq are installed only by the launcher
+(``realformer_tools.launch``), in its process, and then exactly the ones
+docs/reliability.md lists, each put back when its block ends.
 
 Measured in fresh interpreters by ``tests/import_snapshot.py``: every attribute of every
 loaded ``fairseq``, ``fairseq_cli``, ``torch`` and ``numpy`` module (class dicts and
@@ -19,7 +20,8 @@ import sys
 import pytest
 from conftest import REPO, cli_env
 
-from realformer_nmt.fairseq_fixes_switch import DATA_FIXES_SWITCH, FIXES_SWITCH
+# the launcher's two variables, and the one the plugin read until the fixes left it
+SWITCHES = ("REALFORMER_NMT_DATA_FIXES", "REALFORMER_NMT_CPU_BF16", "REALFORMER_NMT_FAIRSEQ_FIXES")
 
 SNAPSHOT = str(REPO / "tests" / "import_snapshot.py")
 
@@ -33,27 +35,30 @@ FIXED = {
     "batch_thread_exit": ["fairseq.data.iterators:BufferedIterator._create_consumer"],
     "data_dir_checks": ["fairseq.data.indexed_dataset:make_dataset",
                         "fairseq.tasks.translation:TranslationTask.setup_task"],
-    "cpu_bf16": ["fairseq.options:parse_args_and_arch", "fairseq_cli.generate:main", "fairseq_cli.interactive:main",
-                 "fairseq_cli.eval_lm:main", "fairseq.models.fairseq_model:BaseFairseqModel.prepare_for_inference_",
-                 "fairseq.trainer:Trainer.__init__"],
     "numpy2_compat": ["fairseq.data.data_utils:get_buckets", "fairseq.data.bucket_pad_length_dataset:get_buckets"],
     "cpu_distributed": ["fairseq.models.distributed_fairseq_model:DistributedDataParallel",
                         "fairseq.distributed.utils:call_main",
                         "fairseq.distributed_utils:call_main"],  # fairseq's alias of fairseq.distributed.utils
     "arch_choices": ["fairseq.options:add_model_args"],
     "train_preflight": ["fairseq_cli.train:main"],
+    "one_line_errors": [],  # sys.excepthook (below)
 }
+CPU_BF16_FIXED = {"cpu_bf16": ["fairseq.options:parse_args_and_arch", "fairseq_cli.generate:main",
+                               "fairseq_cli.interactive:main", "fairseq_cli.eval_lm:main",
+                               "fairseq.models.fairseq_model:BaseFairseqModel.prepare_for_inference_",
+                               "fairseq.trainer:Trainer.__init__"]}
 DATA_FIXED = {"keep_last_batch": ["fairseq.data.data_utils:batch_by_size"],
               "epoch_workers": ["fairseq.data.iterators:EpochBatchIterator.next_epoch_itr"],
               "resume_batches": ["fairseq.trainer:Trainer.get_train_iterator"]}
-# besides: numpy2_compat adds numpy.compat, batch_thread_exit an exit hook, and the one-line
-# errors (errors.install_excepthook) replace sys.excepthook
+# besides: numpy2_compat adds numpy.compat, batch_thread_exit an exit hook, one_line_errors
+# replaces sys.excepthook, and the launcher wraps torch.multiprocessing.spawn (its ranks get the fixes)
 FIXES_BESIDES = ["added numpy:compat", "changed excepthook", "changed exit_hooks"]
+LAUNCHER_REPLACES = ["torch.multiprocessing:spawn"]
 
 
 def _env(**switches):
     env = cli_env()
-    for name in (FIXES_SWITCH, DATA_FIXES_SWITCH):
+    for name in SWITCHES:
         env.pop(name, None)
     env.update(switches)
     return env
@@ -75,8 +80,8 @@ def snapshots():
     """Every measurement, started at once (independent processes)."""
     procs = {
         "plain": _start("host", env=_env()),
-        "fixes": _start("host", env=_env(**{FIXES_SWITCH: "1"})),
-        "both": _start("host", env=_env(**{FIXES_SWITCH: "1", DATA_FIXES_SWITCH: "1"})),
+        "switches": _start("host", env=_env(**{name: "1" for name in SWITCHES})),
+        "launcher": _start("launcher", env=_env()),
         "bare": _start("bare", env=_env()),
     }
     try:
@@ -128,19 +133,36 @@ def test_a_bare_import_leaves_the_process_as_importing_fairseq_does(snapshots):
     assert bare["excepthook_is_pythons"] and "compat" not in bare["numpy_names"]
 
 
-def test_the_fixes_switch_installs_exactly_the_listed_fixes(snapshots):
-    expected = sorted(name for names in FIXED.values() for name in names)
-    assert _replaced(snapshots["fixes"]["changes"]) == expected
-    assert _besides(snapshots["fixes"]["changes"]) == sorted(FIXES_BESIDES)
-    with_data = sorted(expected + [name for names in DATA_FIXED.values() for name in names])
-    assert _replaced(snapshots["both"]["changes"]) == with_data
-    # the allow-list stays torch's: checkpoint loading allows fairseq's types per load only
-    assert not any("safe_globals" in c or "_weights_only_unpickler" in c for c in snapshots["both"]["changes"])
+def test_no_environment_variable_makes_the_import_install_anything(snapshots):
+    """The launcher's switches (and the one the plugin read before) set to 1 in a plain
+    fairseq process: the import changes nothing either; the fixes live in the launcher's
+    process only."""
+    assert snapshots["switches"]["changes"] == []
+    assert not any(m.startswith("realformer_tools") for m in snapshots["switches"]["new_modules"])
+
+
+def test_the_launcher_installs_exactly_the_listed_fixes_and_puts_them_back(snapshots):
+    """Inside the launcher's ``fixes_installed`` (every group): exactly the attributes listed
+    here per fix are replaced, the allow-list stays torch's (fairseq's types are allowed per
+    load only); after the block nothing is left changed (the exit hook is unregistered, which
+    ``atexit``'s count does not show: tests/test_launcher.py checks it is not called)."""
+    inside, after = snapshots["launcher"]["inside"], snapshots["launcher"]["after"]
+    expected = sorted(name for group in (FIXED, CPU_BF16_FIXED, DATA_FIXED) for names in group.values()
+                      for name in names)
+    assert _replaced(inside) == sorted(expected + LAUNCHER_REPLACES)
+    assert _besides(inside) == sorted(FIXES_BESIDES)
+    assert not any("safe_globals" in c or "_weights_only_unpickler" in c for c in inside)
+    assert [c for c in after if not c.startswith("changed exit_hooks")] == []
 
 
 def test_every_fixes_module_is_accounted_for():
-    from realformer_tools import fairseq_fixes as fairseq_patches
+    """The lists above are the fixes' own ``REPLACES``, group by group."""
+    from realformer_tools import fairseq_fixes
 
-    names = {patch.__name__.rsplit(".", 1)[1] for patch in fairseq_patches.ALWAYS_ON}
-    assert names == set(FIXED)
-    assert {patch.__name__.rsplit(".", 1)[1] for patch in fairseq_patches.DATA_FIXES} == set(DATA_FIXED)
+    def listed(group):
+        return {fairseq_fixes.short_name(fix): sorted(s for s in fix.REPLACES if ":" in s and
+                                                      not s.startswith(("sys:", "numpy:"))) for fix in group}
+
+    assert listed(fairseq_fixes.ALWAYS_ON) == {name: sorted(specs) for name, specs in FIXED.items()}
+    assert listed(fairseq_fixes.CPU_BF16) == {name: sorted(specs) for name, specs in CPU_BF16_FIXED.items()}
+    assert listed(fairseq_fixes.DATA_FIXES) == {name: sorted(specs) for name, specs in DATA_FIXED.items()}

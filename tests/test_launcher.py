@@ -102,7 +102,7 @@ from realformer_tools.launch import fixes_installed
 exit_calls = []
 batch_thread_exit.stop_background_consumers = lambda: exit_calls.append(1)  # the exit hook install() registers
 
-specs = sorted({spec for fix in fairseq_fixes.PATCHES for spec in fix.REPLACES} | {fairseq_fixes.SPAWN})
+specs = sorted({spec for fix in fairseq_fixes.PATCHES for spec in fix.REPLACES} | {"torch.multiprocessing:spawn"})
 state = lambda: {spec: id(fairseq_fixes._current(spec)[2]) for spec in specs}
 before, hook = state(), sys.excepthook
 records = []

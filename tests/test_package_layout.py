@@ -1,9 +1,12 @@
 """The two packages: ``realformer_nmt`` is the plugin (what ``--user-dir`` loads) and
 imports without the tools' dependencies; ``realformer_tools`` sits beside it, imports the
-plugin, and the plugin never imports it; the tools' imports form no circle.
+plugin, and the plugin never imports it, under any environment; the tools' imports form no
+circle.
 
 The import graph is read from the source (``ast``), not from what one run happens to
-import: an import inside a function counts as much as one at the top."""
+import: an import inside a function counts as much as one at the top, and importing
+``a.b.c`` counts as importing the packages ``a`` and ``a.b`` too (their ``__init__``
+runs first)."""
 
 import ast
 import json
@@ -11,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 PLUGIN, TOOLS = "realformer_nmt", "realformer_tools"
@@ -20,10 +24,9 @@ PLUGIN, TOOLS = "realformer_nmt", "realformer_tools"
 # with fairseq-fixed has them: the plugin's own code must not import them (checked statically).
 TOOLS_ONLY = ("sacremoses", "subword_nmt", "tensorboardX", "matplotlib", "transformers", "sentencepiece")
 FAIRSEQS_OWN = ("scipy", "sacrebleu")
-# The plugin's one import of the tools: the fixes to fairseq, imported lazily by the switch module
-# only when REALFORMER_NMT_FAIRSEQ_FIXES / REALFORMER_NMT_DATA_FIXES ask for them (or a program
-# calls install_fairseq_fixes). With the switches off the plugin loads nothing of the tools.
-OPT_IN_IMPORTS = {("realformer_nmt/fairseq_fixes_switch.py", "realformer_tools.fairseq_fixes")}
+# The variables the launcher reads, and the one the plugin read before the fixes left it: none of
+# them makes the plugin import anything of the tools.
+SWITCHES = ("REALFORMER_NMT_DATA_FIXES", "REALFORMER_NMT_CPU_BF16", "REALFORMER_NMT_FAIRSEQ_FIXES")
 
 
 def _modules(package):
@@ -66,6 +69,25 @@ def _graph(package):
     known = {**_modules(PLUGIN), **_modules(TOOLS)}
     return {name: _imports(name, path, is_package, known)
             for name, (path, is_package) in _modules(package).items()}, known
+
+
+def _parents(name, known):
+    """The packages above ``name`` that are ours (``a.b.c`` -> ``a``, ``a.b``)."""
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in known}
+
+
+def _with_packages(graph, known):
+    """``graph`` with the edges Python adds: a module imports the packages above it, and
+    importing a module imports the packages above it (each package's ``__init__``)."""
+    return {name: set().union(targets, _parents(name, known), *(_parents(t, known) for t in targets))
+            for name, targets in graph.items()}
+
+
+def _between_packages(graph):
+    """The (importer, imported) top-level packages of the edges that cross from one to the other."""
+    return {(name.split(".")[0], t.split(".")[0]) for name, targets in graph.items() for t in targets
+            if t.split(".")[0] in (PLUGIN, TOOLS) and t.split(".")[0] != name.split(".")[0]}
 
 
 def _cycles(graph):
@@ -129,14 +151,34 @@ def test_the_plugin_imports_without_a_circle():
 
 
 def test_the_two_packages_together_import_without_a_circle():
-    """The plugin's one opt-in import of the tools (the fixes) must not close a circle: the
-    fixes read the switches' names from a leaf module of the plugin, not from the module that
-    imports them."""
     plugin, _ = _graph(PLUGIN)
     tools, _ = _graph(TOOLS)
-    both = {**plugin, **tools}
-    assert any(t.startswith(TOOLS) for targets in plugin.values() for t in targets)  # the opt-in edge is read
-    assert _cycles(both) == [], "an import circle across the plugin and the tools"
+    assert _cycles({**plugin, **tools}) == [], "an import circle across the plugin and the tools"
+
+
+def test_only_the_tools_import_the_plugin_counting_package_inits():
+    """Every import edge between the two packages, the packages' ``__init__`` edges included,
+    goes from the tools to the plugin."""
+    plugin, known = _graph(PLUGIN)
+    tools, _ = _graph(TOOLS)
+    both = _with_packages({**plugin, **tools}, known)
+    assert both[f"{TOOLS}.fairseq_fixes.cpu_bf16"] >= {TOOLS, f"{TOOLS}.fairseq_fixes", PLUGIN, f"{PLUGIN}.errors"}
+    assert _between_packages(both) == {(TOOLS, PLUGIN)}
+    assert tools[TOOLS] == set()  # the tools' __init__ imports nothing (no "plugin first" order to keep)
+
+
+def test_the_package_edges_find_a_circle_through_an_init():
+    """What the test above reads, on the layout the plugin had: a plugin module importing
+    ``realformer_tools.fairseq_fixes`` (whose ``__init__`` imports the plugin's errors) is an edge
+    plugin -> tools, and with the ``__init__`` edges a circle through both packages."""
+    known = {PLUGIN: None, f"{PLUGIN}.errors": None, f"{PLUGIN}.switch": None, TOOLS: None,
+             f"{TOOLS}.fairseq_fixes": None}
+    graph = {PLUGIN: {f"{PLUGIN}.switch"}, f"{PLUGIN}.switch": {f"{TOOLS}.fairseq_fixes"}, f"{PLUGIN}.errors": set(),
+             TOOLS: {PLUGIN}, f"{TOOLS}.fairseq_fixes": {f"{PLUGIN}.errors"}}
+    assert _cycles(graph) == []  # read without the __init__ edges, no circle: how the old test passed
+    with_packages = _with_packages(graph, known)
+    assert _between_packages(with_packages) == {(PLUGIN, TOOLS), (TOOLS, PLUGIN)}
+    assert any(PLUGIN in c and TOOLS in c for c in _cycles(with_packages))
 
 
 def test_the_plugin_imports_no_tools_dependency():
@@ -150,13 +192,11 @@ def test_the_plugin_never_imports_the_tools():
     graph, known = _graph(PLUGIN)
     found = {(str(known[name][0].relative_to(REPO)), target)
              for name, targets in graph.items() for target in targets if target.split(".")[0] == TOOLS}
-    opt_in = {(path, target) for path, target in found
-              if any(path == p and target.startswith(t) for p, t in OPT_IN_IMPORTS)}
-    assert found == opt_in, f"the plugin imports the tools: {sorted(found - opt_in)}"
+    assert found == set(), f"the plugin imports the tools: {sorted(found)}"
 
 
-# The plugin imported in a fresh Python (the fixes switches off) where every tools-only package
-# and the tools package itself raise ImportError.
+# The plugin imported in a fresh Python where every tools-only package and the tools package
+# itself raise ImportError.
 BLOCKED_IMPORT = r"""
 import importlib.abc, json, sys
 blocked, allowed = json.loads(sys.argv[1]), json.loads(sys.argv[2])
@@ -190,10 +230,14 @@ print(json.dumps({
 """
 
 
-def test_the_plugin_registers_without_the_tools_dependencies(tmp_path):
+@pytest.mark.parametrize("switch", (None,) + SWITCHES)
+def test_the_plugin_registers_without_the_tools_or_their_dependencies(tmp_path, switch):
+    """With no switch set, or any one of them set to 1: the plugin reads none of them."""
     allowed = []
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in sys.path if p]),
-               REALFORMER_NMT_FAIRSEQ_FIXES="0", REALFORMER_NMT_DATA_FIXES="0")
+    env = {k: v for k, v in os.environ.items() if k not in SWITCHES}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in sys.path if p])
+    if switch:
+        env[switch] = "1"
     proc = subprocess.run([sys.executable, "-c", BLOCKED_IMPORT, json.dumps(list(TOOLS_ONLY) + [TOOLS]),
                            json.dumps(allowed)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -214,10 +258,9 @@ def test_the_blocking_finder_does_block(tmp_path):
 
 
 def test_a_fix_imports_first_in_a_fresh_python(tmp_path):
-    """A fix's module imported before anything else of the project (as a test of it does):
-    the plugin, whose __init__ installs the fixes until issue 48 §1, and the fixes, which
-    import the plugin's errors, meet no half-imported module (the plugin comes first:
-    realformer_tools/__init__.py; the plugin imported first is the test above)."""
+    """A fix's module imported before anything else of the project (as a test of it does),
+    with ``realformer_tools/__init__.py`` importing nothing: the fixes import the plugin's
+    errors, and the plugin imports nothing of the tools, so no module is met half-imported."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in sys.path if p]))
     proc = subprocess.run([sys.executable, "-c", "import realformer_tools.fairseq_fixes.cpu_bf16"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=300)
@@ -243,8 +286,8 @@ def test_the_layout_is_the_documented_one():
     """The plugin holds the model and nothing else; the tools' folders are where
     docs/development.md says."""
     plugin = sorted(p.name for p in (REPO / PLUGIN).iterdir() if not p.name.startswith((".", "__pycache__")))
-    assert [p for p in plugin if p not in ("__init__.py", "fairseq_fixes_switch.py", "switches.py", "errors.py",
-                                           "residual_config.py", "modules", "models", "tasks", "criterions")] == []
+    assert [p for p in plugin if p not in ("__init__.py", "errors.py", "residual_config.py", "modules", "models",
+                                           "tasks", "criterions")] == []
     assert sorted(p.name for p in (REPO / PLUGIN / "models").iterdir() if p.is_dir() and p.name != "__pycache__") \
         == ["realformer_bert", "realformer_transformer"]
     for folder in ("cli", "fairseq_fixes", "data", "experiments", "convert", "hf", "hf/modeling"):

@@ -3,10 +3,11 @@
 Each module fixes one fairseq bug, says in its docstring which one and how to tell when
 fairseq no longer needs the fix, has an idempotent ``install()``, and lists what that
 replaces (``REPLACES``, ``module:attribute`` as fairseq looks it up) and what it changes
-(``CHANGES``, one line). They are installed only by the launcher
-(:mod:`realformer_tools.launch`, ``realformer-fairseq <fairseq-command> ...``), in its own
-process and in the ranks it starts, each announced in one log line; a program installs them
-for a block with :func:`fixes_installed`, which restores every replaced attribute after it.
+(``CHANGES``, one line). They are installed by the launcher (:mod:`realformer_tools.launch`,
+``realformer-fairseq <fairseq-command> ...``), in its own process and in the ranks it starts,
+each announced in one log line; a program installs them for a block with
+:func:`fixes_installed`, which restores every replaced attribute after it (the launcher's
+``fixes_installed`` adds the ranks), and the project's own commands for good.
 Groups:
 
 * :data:`ALWAYS_ON`: fixes that make fairseq run at all on today's stack (torch >= 2.6,
@@ -40,7 +41,6 @@ Groups:
 
 import atexit
 import contextlib
-import functools
 import importlib
 import logging
 
@@ -80,9 +80,6 @@ CPU_BF16 = (cpu_bf16,)
 DATA_FIXES = (keep_last_batch, epoch_workers, resume_batches)
 PATCHES = ALWAYS_ON + CPU_BF16 + DATA_FIXES
 
-# ranks started by torch.multiprocessing.spawn (fairseq's GPU ranks, cpu_distributed's CPU ranks)
-# are fresh interpreters: the launcher wraps spawn so that each installs the same fixes first
-SPAWN = "torch.multiprocessing:spawn"
 _MISSING = object()
 
 
@@ -138,25 +135,16 @@ def announce(name, changes, replaces):
 
 
 @contextlib.contextmanager
-def fixes_installed(data_fixes=False, cpu_bf16=False, every_sentence=False, ranks=True, quiet=False):
+def fixes_installed(data_fixes=False, cpu_bf16=False, every_sentence=False, quiet=False):
     """Within the block the fixes of the asked groups are installed (the always-on ones, and
     :data:`EVERY_SENTENCE` / :data:`CPU_BF16` / :data:`DATA_FIXES` when asked), each that was
-    not in place already announced in one log line (unless ``quiet``); with ``ranks``, the
-    ranks ``torch.multiprocessing.spawn`` starts install the same fixes. On leaving it, every
+    not in place already announced in one log line (unless ``quiet``). On leaving it, every
     attribute they replaced and every exit hook they registered is as it was."""
     saved, hooks = [], []
     try:
         for fix in chosen(data_fixes, cpu_bf16, every_sentence):
             if _install(fix, saved, hooks) and not quiet:
                 announce(short_name(fix), fix.CHANGES, fix.REPLACES)
-        if ranks:
-            owner, name, spawn = _current(SPAWN)
-            if not getattr(spawn, "__realformer_fixed__", False):
-                saved.append((owner, name, spawn))
-                setattr(owner, name, _spawning_with_fixes(spawn, (data_fixes, cpu_bf16, every_sentence)))
-                if not quiet:
-                    announce("ranks", "every rank started by torch.multiprocessing.spawn installs these fixes "
-                                      "first", (SPAWN,))
         yield
     finally:
         _restore(saved)
@@ -170,13 +158,3 @@ def install_for_good(data_fixes=False, cpu_bf16=False, every_sentence=False):
     for fix in chosen(data_fixes, cpu_bf16, every_sentence):
         fix.install()
 
-
-def _spawning_with_fixes(spawn, choice):
-    from ..launch import rank_with_fixes  # by its module's name (not __main__): it is pickled
-
-    @functools.wraps(spawn)
-    def wrapper(fn, *args, **kwargs):
-        return spawn(functools.partial(rank_with_fixes, choice, fn), *args, **kwargs)
-
-    wrapper.__realformer_fixed__ = True
-    return wrapper

@@ -9,6 +9,9 @@ exception goes to the hook that was in place. The plugin's flags raise ``FlagVal
 (one line) only while a hook marked ``realformer_one_line_errors`` is installed
 (``realformer_nmt.errors.one_line_errors``); without it a bad value gets argparse's own
 error, as any fairseq flag does.
+
+When it is no longer needed: when no other fix raises a ``RealFormerError`` (they are
+fairseq's to fix).
 """
 
 import sys
