@@ -13,11 +13,12 @@ import logging
 
 import pytest
 import torch
-from cli_helpers import TINY_FLAGS, run
+from cli_helpers import TINY_FLAGS
 from conftest import USER_DIR, build, trains
 from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models.transformer import TransformerModel
+from inprocess import run_in_process
 
 from realformer_tools.fairseq_fixes import cpu_bf16
 
@@ -83,8 +84,8 @@ def test_turning_tpu_off_for_bf16_is_logged(caplog):
 @trains
 def vanilla_bf16_checkpoint(data_bin, tmp_path_factory):
     save = tmp_path_factory.mktemp("vanilla_bf16")
-    run("fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "transformer", *TINY_FLAGS,
-        "--max-update", 10, "--save-dir", save, "--bf16")
+    run_in_process("fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "transformer", *TINY_FLAGS,
+                   "--max-update", 10, "--save-dir", save, "--bf16", cpu_bf16=True)  # (tests/inprocess.py)
     return save
 
 

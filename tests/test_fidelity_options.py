@@ -5,9 +5,10 @@ decoder path, and TorchScript fails with one clear sentence."""
 import paper_reference as ref
 import pytest
 import torch
-from cli_helpers import TINY_FLAGS, run
+from cli_helpers import TINY_FLAGS
 from conftest import USER_DIR, batch, build
 from fairseq.modules.layer_drop import LayerDropModuleList
+from inprocess import run_in_process as run  # fairseq's tools in this process (tests/inprocess.py)
 from test_incremental_decoding import step_by_step
 
 from realformer_nmt.errors import ConfigError
