@@ -145,10 +145,25 @@ def test_fixes_installed_restores_everything_it_replaced():
         [f"fairseq fix {fairseq_fixes.short_name(f)}" for f in fixes] + ["fairseq fix ranks"]
 
 
-def test_the_bf16_line_of_generate_speaks_of_decoding():
+@pytest.mark.parametrize("parser, said", [("generation", "decodes in bfloat16"),
+                                          ("training", "trains in bfloat16 through fairseq's FP16Optimizer")])
+def test_the_bf16_line_says_what_the_command_does(parser, said, caplog):
+    """``--cpu --bf16``: the cpu_bf16 fix's one line names decoding for fairseq-generate (no
+    optimizer there) and the FP16Optimizer for fairseq-train."""
+    import logging
+
+    from fairseq import options
+
     from realformer_tools.fairseq_fixes import cpu_bf16
 
-    assert "decode in bfloat16" in cpu_bf16.CHANGES
+    parse = cpu_bf16.bf16_without_tpu(options.parse_args_and_arch)  # the fix's wrapper, installed nowhere
+    words = ["/nonexistent", "--cpu", "--bf16"] + (["--path", "x.pt"] if parser == "generation" else
+                                                    ["--arch", "transformer"])
+    with caplog.at_level(logging.INFO, logger=cpu_bf16.__name__):
+        args = parse(getattr(options, f"get_{parser}_parser")(), input_args=words)
+    lines = [r.getMessage() for r in caplog.records if "--bf16 without a TPU" in r.getMessage()]
+    assert not args.tpu and len(lines) == 1 and said in lines[0]
+    assert ("FP16Optimizer" in lines[0]) == (parser == "training")
 
 
 @pytest.mark.parametrize("argv, message", [

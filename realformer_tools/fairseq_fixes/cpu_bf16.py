@@ -22,7 +22,9 @@ Bugs (fairseq 0.12.2; the first is still in ``options.py`` on fairseq's main bra
 Fixes, each at one seam, no fairseq function copied, each logging one line when it acts
 (with the fixes installed, nothing changes for a command that does not ask for bf16; one
 that does, ``fairseq-generate --bf16``, then decodes in bfloat16, a vanilla model included:
-other numbers than fairseq alone gives, which is why the fixes are opt-in):
+other numbers than fairseq alone gives, which is why this fix is a group of its own, which
+the launcher installs only when asked: ``realformer-fairseq --cpu-bf16 ...`` or
+``REALFORMER_NMT_CPU_BF16=1``):
 
 1. ``options.parse_args_and_arch`` is wrapped: after fairseq's own post-processing,
    ``--bf16`` keeps implying ``--tpu`` only where a TPU can be used (torch_xla importable
@@ -95,15 +97,22 @@ def bf16_without_tpu(parse_args_and_arch):
             and "--tpu" not in words
         ):
             parsed.tpu = False  # fairseq set it only because of --bf16
-            logger.info("--bf16 without a TPU (%s): bfloat16 through fairseq's FP16Optimizer on this device; "
-                        "fairseq 0.12 alone would turn --bf16 into --tpu (realformer_tools.fairseq_fixes.cpu_bf16)",
-                        "--cpu" if getattr(parsed, "cpu", False) else "no TPU library installed")
+            what = ("trains in bfloat16 through fairseq's FP16Optimizer" if _trains(parsed) else
+                    "decodes in bfloat16 (the model cast when it is loaded)")
+            logger.info("--bf16 without a TPU (%s): %s on this device; fairseq 0.12 alone would turn --bf16 into "
+                        "--tpu (realformer_tools.fairseq_fixes.cpu_bf16)",
+                        "--cpu" if getattr(parsed, "cpu", False) else "no TPU library installed", what)
         if input_args is None:  # a command line being run (sys.argv), not a parse by library code
             refuse_fp16_training_on_cpu(parsed)
         return result
 
     setattr(wrapper, _FIXED, True)
     return wrapper
+
+
+def _trains(parsed) -> bool:
+    """A training command line (fairseq-train's parser has --max-update and --save-dir)."""
+    return all(hasattr(parsed, name) for name in ("max_update", "save_dir"))
 
 
 def _asks_bf16(cfg) -> bool:
@@ -152,7 +161,7 @@ def refuse_fp16_training_on_cpu(parsed):
     (decoding with ``--fp16 --cpu`` works and is left alone; library code that parses a GPU
     command on a CPU machine, e.g. to check a document, is not refused). ``Trainer.__init__``
     checks again for callers that build a Trainer without this parser."""
-    if not all(hasattr(parsed, name) for name in ("max_update", "save_dir", "fp16", "cpu", "tpu")):
+    if not (_trains(parsed) and all(hasattr(parsed, name) for name in ("fp16", "cpu", "tpu"))):
         return
     if (parsed.fp16 or getattr(parsed, "memory_efficient_fp16", False)) and trains_on_cpu(parsed):
         raise ConfigError(FP16_ON_CPU)
