@@ -3,10 +3,10 @@ logs, into the same records; a recorded command's log format is not part of its 
 
 import json
 import math
-import subprocess
 
 import pytest
-from conftest import BIN, REPO, USER_DIR, cli_env
+from conftest import REPO, USER_DIR
+from inprocess import run_in_process
 
 from realformer_tools.experiments import fairseq_logs, fairseq_runs, mlm_compare
 from realformer_tools.experiments.translation import imports
@@ -109,9 +109,9 @@ def test_real_fairseq_logs_read_alike_in_both_formats(data_bin, tmp_path):
              "--user-dir", USER_DIR]
     parsed = {}
     for fmt in ("json", "simple"):
-        proc = subprocess.run([str(BIN / "fairseq-train"), str(data_bin), *flags, "--log-format", fmt,
-                               "--save-dir", str(tmp_path / fmt)], capture_output=True, text=True, env=cli_env())
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        # fairseq-train alone, in this process (tests/inprocess.py: its stdout and stderr as a subprocess gives them)
+        proc = run_in_process("fairseq-train", data_bin, *flags, "--log-format", fmt, "--save-dir", tmp_path / fmt,
+                              fixes=False)
         parsed[fmt] = fairseq_logs.parse_log((proc.stdout + proc.stderr).splitlines())
     timing = ("wps", "ups", "wall", "train_wall")
 
