@@ -328,9 +328,10 @@ def test_half_precision_within_fairseqs_own_error(kernels, layout, dtype):
 # What a path stores, and what backward rebuilds
 # --------------------------------------------------------------------------------------
 
-def run_path(module, layout, dtype, layers=5, record=None, dropout_p=0.0):
+def run_path(module, layout, dtype, layers=5, record=None, dropout_p=0.0, grads_at=None):
     """A path of ``layers`` layers (mean mode) on the inputs of ``layout``: outputs, sums and every
-    gradient; ``record``: a list that receives each tensor autograd saves (its data pointer)."""
+    gradient; ``record``: a list that receives each tensor autograd saves (its data pointer);
+    ``grads_at``: one that receives where each sum's gradient lies (last layer first)."""
     device = torch.device(module.INTERPRETED and "cpu" or "cuda")
     causal, side = LAYOUTS[layout][:2]
     tensors = [inputs(layout, "middle", 32, device.type, seed=n)[0] for n in range(layers)]
@@ -347,6 +348,8 @@ def run_path(module, layout, dtype, layers=5, record=None, dropout_p=0.0):
                                                          scale=32 ** -0.5, dropout_p=dropout_p)
             outs.append(out)
             sums.append(prev)
+            if grads_at is not None and n < layers - 1:
+                prev.register_hook(lambda grad: grads_at.append(grad.data_ptr()))
     loss = sum((out.double() * layer[5]).sum() for out, layer in zip(outs, tensors))
     loss.backward()
     return outs, sums, [t.grad for layer in leaves for t in layer]
@@ -376,6 +379,13 @@ def test_a_path_keeps_only_every_second_sum(kernels):
     _, sums, _ = run_path(module, "encoder", torch.float32, layers=6, record=saved)
     kept = [n + 1 for n, a in enumerate(sums) if a.data_ptr() in saved]
     assert kept == [2, 4]
+
+
+def test_backward_writes_each_gradient_of_a_sum_over_the_next(kernels):
+    """``G_n`` is written over ``G_{n+1}``: one ``T x S`` gradient buffer for the whole path."""
+    grads_at = []
+    run_path(kernels[0], "decoder", torch.float32, layers=4, grads_at=grads_at)
+    assert len(grads_at) == 3 and len(set(grads_at)) == 1
 
 
 def test_launches_per_layer(kernels, monkeypatch):

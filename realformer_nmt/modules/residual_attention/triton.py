@@ -370,7 +370,11 @@ class ResidualAttention(torch.autograd.Function):
         dout = torch.zeros_like(out) if dout is None else _rows(dout)
         consts, options = _settings(q, head_dim)
         delta = torch.empty_like(m)
-        g = torch.empty(bsz, heads, tgt_len, src_len, dtype=m.dtype, device=q.device)
+        if da is not None:
+            da = da.to(m.dtype).contiguous()
+        # G_n overwrites G_{n+1} where this kernel's backward made it (it passes it to no one else)
+        g = da if getattr(da, "_triton_g", False) else torch.empty(bsz, heads, tgt_len, src_len, dtype=m.dtype,
+                                                                   device=q.device)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         rows_grid = (triton.cdiv(tgt_len, consts["BLOCK_M"]), bsz * heads)
         with _interpreter_fix():
@@ -378,13 +382,14 @@ class ResidualAttention(torch.autograd.Function):
                               BLOCK_M=consts["BLOCK_M"], BLOCK_D=consts["BLOCK_D"])
             _backward_kv[(triton.cdiv(src_len, consts["BLOCK_N"]), bsz * heads)](
                 q, k, v, dout, g if root is None else root, q if q1 is None else q1, k if k1 is None else k1,
-                g if da is None else da.to(g.dtype).contiguous(), _no_pad(q.device) if padding is None else padding,
+                g if da is None else da, _no_pad(q.device) if padding is None else padding,
                 m, l, delta, g, dk, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3],
                 *dk.stride()[:3], *dv.stride()[:3], heads, tgt_len, src_len, head_dim, scale, divisor, dropout_p,
                 seed, offset, int(root is not None), int(q1 is not None), int(da is not None),
                 int(padding is not None), int(causal), int(skip_future), **consts, **options)
             _backward_q[rows_grid](g, k, dq, *k.stride()[:3], *dq.stride()[:3], heads, tgt_len, src_len, head_dim,
                                    scale, int(skip_future), **consts, **options)
+        g._triton_g = True
         dprev = None if prev_dtype is None else g.to(prev_dtype)
         return (dq, dk, dv, dprev) + (None,) * 9
 
