@@ -199,7 +199,13 @@ def test_the_targets_judge_triton_on_its_rows_and_the_first_pass():
 # --------------------------------------------------------------------------------------
 
 
-def test_one_flipped_unit_moves_the_unforced_distance_and_not_the_forced_one():
+@pytest.fixture
+def bias_only(monkeypatch):
+    """The kernel these tests change is ``bias``: triton (Triton's interpreter here) is left out."""
+    monkeypatch.setattr(exactness, "measured_kernels", lambda device: ("bias",))
+
+
+def test_one_flipped_unit_moves_the_unforced_distance_and_not_the_forced_one(bias_only):
     """The H100's case: one FFN unit's float64 pre-activation within float32 rounding of zero
     (+1e-6 here, -1.6e-6 there) lands on the other side in one kernel's float32 run. Unforced,
     that kernel's worst gradient jumps far beyond materialized's; with float64's masks forced
@@ -234,7 +240,7 @@ def test_one_flipped_unit_moves_the_unforced_distance_and_not_the_forced_one():
     assert bias["status"] == "passed", bias["reason"]
 
 
-def test_a_kernel_ten_times_less_accurate_fails_with_the_masks_forced(monkeypatch):
+def test_a_kernel_ten_times_less_accurate_fails_with_the_masks_forced(monkeypatch, bias_only):
     from realformer_nmt.modules import residual_attention as ra
 
     real = ra.bias._additive_bias
@@ -318,3 +324,9 @@ def test_junit_counts_read_passed_failed_and_skipped(tmp_path):
                    '</testsuites>')
     assert sections.junit_counts(str(xml)) == ({"passed": 1, "failed": 1, "skipped": 1}, ["a::y"])
     assert sections.junit_counts(os.path.join(str(tmp_path), "missing.xml"))[0]["passed"] == 0
+
+
+def test_a_training_loss_falls_when_its_later_half_is_below_its_start():
+    assert training.falling([7.83, 7.80, 7.80, 7.68, 7.66, 7.84])  # one noisy last batch
+    assert not training.falling([7.0, 7.5, 7.6]) and not training.falling([7.0])
+    assert not training.falling([float("nan"), 1.0])

@@ -79,7 +79,7 @@ def parse_args(argv=None):
 
 
 def first_pass_lengths(n):
-    """``n`` lengths, none a multiple of 8 or of another's, from 100 up (new shapes each)."""
+    """``n`` lengths from 101 up in steps of 6, none a multiple of 8: a new shape each."""
     return [101 + 6 * i for i in range(n)]
 
 

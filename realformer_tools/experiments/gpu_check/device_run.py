@@ -76,7 +76,7 @@ class DeviceRun:
             return f"cpu (dry run, tiny shapes: not a measurement), torch {torch.__version__}"
         return f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}"
 
-    def run(self, sections=SECTIONS, budget=BUDGET_SECONDS):
+    def run(self, sections=SECTIONS, budget=BUDGET_SECONDS, command=""):
         start = time.time()
         records = {}
         for name in [s for s in SECTIONS if s in sections]:
@@ -103,7 +103,7 @@ class DeviceRun:
             fairseq_runs.write_json(os.path.join(self.out, f"{name}.json"), fairseq_runs.finite_or_none(record))
             records[name] = record
             with open(os.path.join(self.out, "summary.md"), "w", encoding="utf-8") as f:
-                f.write(summary_markdown(records, self.dry_run, " ".join(sys.argv[1:])))
+                f.write(summary_markdown(records, self.dry_run, command))
         return records
 
 
@@ -142,7 +142,8 @@ def main(argv=None):
 
     install_for_good()  # the fixes to fairseq in this process: the train and ddp sections load checkpoints
     run = DeviceRun(args.out, args.work, args.dry_run, args.force)
-    records = run.run(args.sections, args.budget)
+    shown = [rel(a) if os.path.isabs(a) else a for a in (sys.argv[1:] if argv is None else argv)]
+    records = run.run(args.sections, args.budget, " ".join(shown))
     print(f"summary: {os.path.join(run.out, 'summary.md')}")
     for name, record in records.items():
         print(f"{name}: {record['status']}")
