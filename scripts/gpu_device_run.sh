@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything a lent GPU must show, in one call sized for one lease (docs/gpu.md): set-up, then
+# Everything a GPU must show, in one call sized for a short GPU session (docs/gpu.md): set-up, then
 # `python -m realformer_tools.experiments.gpu_check`, whose sections run in priority order (the
 # triton tests on CUDA, the speed rows, exactness, training in fp32/fp16/bf16, two DDP ranks),
 # each within its own deadline, the whole within what is left of BUDGET seconds. Everything is

@@ -1,4 +1,4 @@
-"""What a lent GPU must show, in one command sized for one lease (15 device-minutes).
+"""What a GPU must show, in one command sized for a short GPU session (15 minutes, start-up included).
 
     bash scripts/gpu_device_run.sh                 # on the GPU machine: set-up, then this command
     python -m realformer_tools.experiments.gpu_check [--sections ...] [--budget 540] [--out DIR]

@@ -1,7 +1,7 @@
 """``DeviceRun``: the sections in priority order, each within its own deadline and the whole
 within a budget; each section's record written as it ends (``<out>/<section>.json``, and
 ``summary.md`` rewritten); a section finished in an earlier call with the same work folder is
-kept (the second device call of a lease goes on where the first stopped). The command."""
+kept (a second call goes on where the first stopped). The command."""
 
 import argparse
 import datetime

@@ -12,7 +12,7 @@ USER_DIR = os.path.dirname(os.path.abspath(realformer_nmt.__file__))
 DEFAULT_OUT = os.path.join("runs", "gpu_check", "out")
 DRY_RUN_OUT = os.path.join("runs", "gpu_check_dry_run", "out")
 
-# in priority order: what a lease cut short must have answered first
+# in priority order: what a session cut short must have answered first
 SECTIONS = ("tests", "speed", "exactness", "train", "ddp")
 # the whole command's default budget: one device command may run 10 minutes; the device script
 # spends ~35 s on set-up first (gpu_machine_setup.sh measured 28 s and 37 s on an H100)
