@@ -193,6 +193,16 @@ def require_shared_data(*paths):
         pytest.skip(message)
 
 
+def attend(module, *args, prev_state=None, **kwargs):
+    """Call a ResidualMultiheadAttention as the layers do: ``(output, weights, state)``, the
+    previous layer's state handed in and this layer's read back through a ResidualPath."""
+    from realformer_nmt.modules.residual_attention import ResidualPath
+
+    path = ResidualPath(prev_state)
+    output, weights = module(*args, residual_path=path, **kwargs)
+    return output, weights, path.state
+
+
 def make_dictionary(n=20):
     d = Dictionary()
     for i in range(n):

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.attention as attention
 import torch.nn.functional as F
+from conftest import attend
 from test_kernels_agree import forward_backward, masks, stack
 from torch.nn.attention import SDPBackend
 from torch.utils.checkpoint import checkpoint
@@ -77,7 +78,7 @@ def test_bias_sdpa_without_a_mask_gradient_is_not_restricted(monkeypatch):
     with torch.no_grad():
         state = None
         for m in mods:
-            x, _, state = m(x, x, x, prev_state=state, need_weights=False)
+            x, _, state = attend(m, x, x, x, prev_state=state, need_weights=False)
     assert entered == [] and len(calls) == 3
 
 
@@ -119,7 +120,7 @@ def test_an_unrelated_sdpa_error_is_raised_not_hidden(monkeypatch):
     x = torch.randn(T, B, C, requires_grad=True)
     state = ra.ResidualState.of_scores(torch.zeros(B, 4, T, T, requires_grad=True))
     with pytest.raises(RuntimeError, match="illegal memory access"):
-        mods[1](x, x, x, prev_state=state, need_weights=False)
+        attend(mods[1], x, x, x, prev_state=state, need_weights=False)
 
 
 # --------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ set at a quarter of bf16's, leaving room for what fp16 rounds differently on CUD
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import batch, build
+from conftest import attend, batch, build
 
 from realformer_nmt.modules import ResidualMultiheadAttention
 from realformer_nmt.modules.residual_attention import KERNELS
@@ -165,7 +165,8 @@ def test_48_layer_model_stays_finite_forward_and_backward(dictionary, device, pr
     sums = []
     for m in model.modules():
         if isinstance(m, ResidualMultiheadAttention) and m.residual:
-            m.register_forward_hook(lambda mod, inp, out: sums.append(out[2]))
+            m.register_forward_hook(lambda mod, args, kwargs, out: sums.append(kwargs["residual_path"].state),
+                                    with_kwargs=True)
     src, lengths, tgt = (t.to(device) for t in batch(dictionary))
     logits, grads = forward_backward(model, src, lengths, tgt, torch.roll(tgt, -1, dims=1), autocast, device)
     assert torch.isfinite(logits).all() and torch.isfinite(grads).all()
@@ -217,7 +218,7 @@ def test_bias_layer_mask_gradient_equals_materialized_float32(device):
                                             kernel=kernel).to(device)
         scores = prev.clone().requires_grad_(True)
         with profile(activities=activities) as forward:
-            out = module(x, x, x, key_padding_mask=pad, prev_state=ResidualState.of_scores(scores, terms=1),
+            out = attend(module, x, x, x, key_padding_mask=pad, prev_state=ResidualState.of_scores(scores, terms=1),
                          need_weights=False)[0]
         weights = torch.linspace(0.5, 1.5, out.numel(), device=out.device).view_as(out)
         with profile(activities=activities) as backward:

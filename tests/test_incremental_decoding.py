@@ -67,8 +67,10 @@ def test_only_current_step_rows_flow_between_layers(dictionary, kernel):
     src, lengths, tgt = batch(dictionary)
     seen = []
     for layer in model.decoder.layers:
-        layer.self_attn.register_forward_hook(lambda m, i, o: seen.append(("self", tuple(o[2].scores.shape))))
-        layer.encoder_attn.register_forward_hook(lambda m, i, o: seen.append(("cross", tuple(o[2].scores.shape))))
+        layer.self_attn.register_forward_hook(
+            lambda m, a, k, o: seen.append(("self", tuple(k["residual_path"].state.scores.shape))), with_kwargs=True)
+        layer.encoder_attn.register_forward_hook(
+            lambda m, a, k, o: seen.append(("cross", tuple(k["residual_path"].state.scores.shape))), with_kwargs=True)
     state = {}
     with torch.no_grad():
         enc = model.encoder(src, lengths)

@@ -11,7 +11,7 @@ test_paper_formula.py, test_incremental_decoding.py and test_fidelity_options.py
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import batch, build, make_dictionary
+from conftest import attend, batch, build, make_dictionary
 
 from realformer_nmt.modules import ResidualMultiheadAttention
 from realformer_nmt.modules import residual_attention as ra
@@ -34,7 +34,7 @@ def stack(kernel, mode, layers=4, seed=0, dtype=torch.float32, embed=C, heads=H)
 def run(mods, x, **kw):
     state, outs = None, []
     for m in mods:
-        x, _, state = m(x, x, x, prev_state=state, need_weights=False, **kw)
+        x, _, state = attend(m, x, x, x, prev_state=state, need_weights=False, **kw)
         outs.append(x)
     return torch.stack(outs), state
 
@@ -131,9 +131,9 @@ def test_bias_kernel_feeds_sdpa_the_previous_sum_and_forms_a_n_lazily(monkeypatc
         state = ref_state = None
         for n, (m, r) in enumerate(zip(mods, ref), start=1):
             calls.clear()
-            _, _, new_state = m(x, x, x, prev_state=state, key_padding_mask=pad, attn_mask=attn_mask,
+            _, _, new_state = attend(m, x, x, x, prev_state=state, key_padding_mask=pad, attn_mask=attn_mask,
                                 need_weights=False)
-            _, _, new_ref = r(x, x, x, prev_state=ref_state, key_padding_mask=pad, attn_mask=attn_mask,
+            _, _, new_ref = attend(r, x, x, x, prev_state=ref_state, key_padding_mask=pad, attn_mask=attn_mask,
                               need_weights=False)
             if n > 1:
                 (bias, scale), = calls  # one SDPA call, its mask = A_{n-1} / n + mask

@@ -65,7 +65,8 @@ def collect_states(model):
     states = []
     for m in model.modules():
         if isinstance(m, ResidualMultiheadAttention) and m.residual:
-            m.register_forward_hook(lambda mod, inp, out: states.append(out[2]))
+            m.register_forward_hook(lambda mod, args, kwargs, out: states.append(kwargs["residual_path"].state),
+                                    with_kwargs=True)
     return states
 
 

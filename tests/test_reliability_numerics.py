@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 import torch
-from conftest import BIN, USER_DIR, batch, build, cli_env
+from conftest import BIN, USER_DIR, attend, batch, build, cli_env
 from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler
 
 from realformer_nmt.modules import ResidualMultiheadAttention
@@ -18,7 +18,9 @@ def collect_scores(model):
     scores = []
     for m in model.modules():
         if isinstance(m, ResidualMultiheadAttention):
-            m.register_forward_hook(lambda mod, inp, out: scores.append(out[2].running_sum()))
+            m.register_forward_hook(
+                lambda mod, args, kwargs, out: scores.append(kwargs["residual_path"].state.running_sum()),
+                with_kwargs=True)
     return scores
 
 
@@ -53,7 +55,7 @@ def test_running_sum_does_not_overflow_where_fp16_would():
     with torch.no_grad():
         for m in layers:
             before = 0 if state is None else state.scores
-            out, _, state = m(x, x, x, prev_state=state)
+            out, _, state = attend(m, x, x, x, prev_state=state)
             fp16_sum = fp16_sum + (state.scores - before).half()  # this layer's own logits
     prev = state.scores
     assert torch.isinf(fp16_sum).all()  # what an fp16 running sum would have done

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from conftest import attend
 
 from realformer_nmt.modules import ResidualMultiheadAttention, ResidualState
 
@@ -46,7 +47,8 @@ def test_returns_unmasked_running_sum(x):
     pad[0, :2] = True
     causal = torch.full((T, T), float("-inf")).triu(1)
     with torch.no_grad():
-        _, _, state = m(x, x, x, key_padding_mask=pad, attn_mask=causal, prev_state=ResidualState.of_scores(prev))
+        _, _, state = attend(m, x, x, x, key_padding_mask=pad, attn_mask=causal,
+                             prev_state=ResidualState.of_scores(prev))
     scores = state.scores
     assert scores.shape == (B, H, T, T) and scores.dtype == torch.float32
     assert torch.isfinite(scores).all()  # masks are not accumulated
@@ -63,7 +65,7 @@ def test_probabilities_are_softmax_of_masked_sum_over_c_n(x, mode, n):
     pad[1, 0] = True
     state = ResidualState.of_scores(prev, terms=n - 1) if n > 1 else None
     with torch.no_grad():
-        _, probs, _ = m(x, x, x, key_padding_mask=pad, prev_state=state, need_head_weights=True)
+        _, probs, _ = attend(m, x, x, x, key_padding_mask=pad, prev_state=state, need_head_weights=True)
     c_n = n if mode == "mean" else 1
     total = raw_scores(m, x) + (prev if n > 1 else 0)
     logits = (total / c_n).masked_fill(pad[:, None, None, :], float("-inf"))
@@ -80,7 +82,7 @@ def stack(kernel, mode, layers=4):
 def run_stack(mods, x, **kw):
     state, outs = None, []
     for m in mods:
-        out, _, state = m(x, x, x, prev_state=state, need_weights=False, **kw)
+        out, _, state = attend(m, x, x, x, prev_state=state, need_weights=False, **kw)
         outs.append(out)
         x = out
     return torch.stack(outs), state
@@ -128,8 +130,8 @@ def test_fused_state_switches_to_materialized_when_weights_are_requested(x):
         s_f = s_r = None
         for i, (mf, mr) in enumerate(zip(fused, ref)):
             need = i == 1
-            of, wf, s_f = mf(x, x, x, prev_state=s_f, need_weights=need)
-            orf, wr, s_r = mr(x, x, x, prev_state=s_r, need_weights=need)
+            of, wf, s_f = attend(mf, x, x, x, prev_state=s_f, need_weights=need)
+            orf, wr, s_r = attend(mr, x, x, x, prev_state=s_r, need_weights=need)
             assert s_f.fused == (i == 0)
             assert (of - orf).abs().max() < 1e-5
             if need:
@@ -147,10 +149,10 @@ def test_auto_kernel_computes_the_same_function(x):
 def test_off_path_module_is_fairseqs_and_refuses_a_state(x):
     m = ResidualMultiheadAttention(C, H, self_attention=True, residual=False)
     with torch.no_grad():
-        out, _, state = m(x, x, x)
+        out, _, state = attend(m, x, x, x)
     assert state is None and out.shape == (T, B, C)
     with pytest.raises(ValueError, match="not on a residual path"):
-        m(x, x, x, prev_state=ResidualState.of_scores(torch.zeros(B, H, T, T)))
+        attend(m, x, x, x, prev_state=ResidualState.of_scores(torch.zeros(B, H, T, T)))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -160,7 +162,7 @@ def test_wrong_prev_shape_is_an_error(x, kernel):
     if kernel == "fused":
         prev = ResidualState(queries=(torch.zeros(B, H, T, 4),), keys=(torch.zeros(B, H, T + 1, 4),), terms=1)
     with pytest.raises(ValueError, match="expected"):
-        m(x, x, x, prev_state=prev)
+        attend(m, x, x, x, prev_state=prev)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -168,7 +170,7 @@ def test_fully_padded_row_gives_no_nan(x, kernel):
     pad = torch.zeros(B, T, dtype=torch.bool)
     pad[0] = True
     with torch.no_grad():
-        out, _, state = module(kernel=kernel)(x, x, x, key_padding_mask=pad, need_weights=False)
+        out, _, state = attend(module(kernel=kernel), x, x, x, key_padding_mask=pad, need_weights=False)
     assert torch.isfinite(out).all() and torch.isfinite(state.running_sum()).all()
 
 
@@ -187,7 +189,7 @@ def test_gradients_flow_through_the_residual(x, kernel):
     if kernel == "fused":
         q, k = randn(B, H, T, 4, seed=5, requires_grad=True), randn(B, H, T, 4, seed=6, requires_grad=True)
         state, prev = ResidualState(queries=(q,), keys=(k,), terms=1), q
-    out, _, new = m(x, x, x, prev_state=state, need_weights=False)
+    out, _, new = attend(m, x, x, x, prev_state=state, need_weights=False)
     (out.sum() + new.running_sum().sum()).backward()
     assert prev.grad is not None and prev.grad.abs().sum() > 0
 
@@ -247,7 +249,7 @@ def test_auto_rule_runs_the_first_layer_fused_and_the_rest_materialized(x):
         kinds = []
         state = None
         for m in mods:
-            _, _, state = m(x, x, x, prev_state=state, need_weights=False)
+            _, _, state = attend(m, x, x, x, prev_state=state, need_weights=False)
             kinds.append("fused" if state.fused else "materialized")
     assert kinds == ["fused", "materialized", "materialized"]
     m = ResidualMultiheadAttention(C, H, dropout=0.1, self_attention=True, residual=True, kernel="auto").train()
@@ -255,3 +257,51 @@ def test_auto_rule_runs_the_first_layer_fused_and_the_rest_materialized(x):
     assert m.eval().kernel_for(x, x, None, False, None) == "fused"
     assert m.kernel_for(x, x, {}, False, None) == "materialized"  # cached decoding
     assert m.kernel_for(x, x, None, True, None) == "materialized"  # weights requested
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_fairseqs_own_layer_calls_it_and_gets_two_values(x, residual):
+    """fairseq's ``TransformerEncoderLayerBase.forward`` calls its attention as
+    ``x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=..., need_weights=False,
+    attn_mask=...)``: with ours put in its place (the same weights; residual on or off) the
+    call returns fairseq's two values and the layer computes what it computes with fairseq's
+    own module (a first layer of a residual path attends to its own scores alone)."""
+    from fairseq.models.transformer import TransformerConfig
+    from fairseq.modules import MultiheadAttention
+    from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+
+    cfg = TransformerConfig()
+    cfg.encoder.embed_dim, cfg.encoder.ffn_embed_dim, cfg.encoder.attention_heads = C, 2 * C, H
+    cfg.dropout = cfg.attention_dropout = 0.0
+    torch.manual_seed(0)
+    layer = TransformerEncoderLayerBase(cfg).eval()
+    assert type(layer.self_attn) is MultiheadAttention
+    pad = torch.zeros(B, T, dtype=torch.bool)
+    pad[1, -2:] = True
+    with torch.no_grad():
+        want = layer(x, pad)
+        ours = ResidualMultiheadAttention(C, H, self_attention=True, residual=residual)
+        ours.load_state_dict(layer.self_attn.state_dict())
+        layer.self_attn = ours.eval()
+        returned = ours(query=x, key=x, value=x, key_padding_mask=pad, need_weights=False, attn_mask=None)
+        got = layer(x, pad)
+    assert isinstance(returned, tuple) and len(returned) == 2 and returned[1] is None
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_state_travels_in_the_callers_container_only(x):
+    """The module keeps no tensor of a call: the state is in the ResidualPath the caller
+    passed (the previous one read from it, this layer's left in it), and a second call with
+    that container adds to the running sum."""
+    from realformer_nmt.modules.residual_attention import ResidualPath
+
+    m = module()
+    path = ResidualPath()
+    with torch.no_grad():
+        m(x, x, x, residual_path=path, need_weights=False)
+        first = path.state
+        m(x, x, x, residual_path=path, need_weights=False)
+    assert first.terms == 1 and path.state.terms == 2
+    torch.testing.assert_close(path.state.scores, 2 * first.scores)
+    assert not any(isinstance(v, (torch.Tensor, ResidualState)) for k, v in vars(m).items()
+                   if not k.startswith("_"))

@@ -20,7 +20,7 @@ import copy
 
 import pytest
 import torch
-from conftest import batch, build
+from conftest import attend, batch, build
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._inductor.exc import InvalidCxxCompiler
 
@@ -99,7 +99,7 @@ def attention_stack():
 def run_stack(mods, x, key_padding_mask, attn_mask):
     state, h = None, x
     for m in mods:
-        h, _, state = m(h, h, h, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+        h, _, state = attend(m, h, h, h, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
                         prev_state=state, need_weights=False)
     return h
 

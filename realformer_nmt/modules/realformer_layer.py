@@ -28,7 +28,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from .dropout_names import use_fairseq_dropout_names
-from .residual_attention import MaskFacts, ResidualMultiheadAttention, ResidualState
+from .residual_attention import MaskFacts, ResidualMultiheadAttention, ResidualPath, ResidualState
 
 
 def wrap_layer(layer, cfg):
@@ -139,15 +139,17 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
         residual = x
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        x, _, state = self.self_attn(
+        path = ResidualPath(prev_state)
+        x, _ = self.self_attn(
             query=x,
             key=x,
             value=x,
             key_padding_mask=encoder_padding_mask,
             need_weights=False,
             attn_mask=attn_mask,
-            prev_state=prev_state,
+            residual_path=path,
         )
+        state = path.state
         x = self.dropout_module(x)
         x = self.residual_connection(x, residual)
         if not self.normalize_before:
@@ -238,7 +240,8 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
             y, self_attn_mask, self_attn_padding_mask = self._cross_self_keys(
                 x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask, self_attn_padding_mask
             )
-        x, _, self_state = self.self_attn(
+        self_path = ResidualPath(prev_self_state)
+        x, _ = self.self_attn(
             query=x,
             key=y,
             value=y,
@@ -246,9 +249,10 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
             incremental_state=incremental_state,
             need_weights=False,
             attn_mask=self_attn_mask,
-            prev_state=prev_self_state,
+            residual_path=self_path,
             mask_facts=self_mask_facts,
         )
+        self_state = self_path.state
         if self.c_attn is not None:
             tgt_len, bsz = x.size(0), x.size(1)
             x = x.view(tgt_len, bsz, self.nh, self.head_dim)
@@ -269,7 +273,8 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
                 x = self.encoder_attn_layer_norm(x)
             if prev_attn_state is not None:
                 _restore_attn_state(self.encoder_attn, incremental_state, prev_attn_state)
-            x, attn, cross_state = self.encoder_attn(
+            cross_path = ResidualPath(prev_cross_state)
+            x, attn = self.encoder_attn(
                 query=x,
                 key=encoder_out,
                 value=encoder_out,
@@ -278,8 +283,9 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
                 static_kv=True,
                 need_weights=need_attn or (not weights_only_if_asked and not self.training and self.need_attn),
                 need_head_weights=need_head_weights,
-                prev_state=prev_cross_state,
+                residual_path=cross_path,
             )
+            cross_state = cross_path.state
             x = self.dropout_module(x)
             x = self.residual_connection(x, residual)
             if not self.normalize_before:

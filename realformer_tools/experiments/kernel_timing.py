@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from realformer_nmt.modules.residual_attention import KERNELS, ResidualMultiheadAttention
+from realformer_nmt.modules.residual_attention import KERNELS, ResidualMultiheadAttention, ResidualPath
 
 # every kernel a layer can run (``auto`` only chooses among these)
 CONCRETE_KERNELS = tuple(k for k in KERNELS if k != "auto")
@@ -47,8 +47,10 @@ def stack_step(mods, x, attn_mask, key_padding_mask):
     state = None
     h = x
     for m in mods:
-        h, _, state = m(h, h, h, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
-                        prev_state=state, need_weights=False)
+        path = ResidualPath(state)
+        h, _ = m(h, h, h, key_padding_mask=key_padding_mask, attn_mask=attn_mask, residual_path=path,
+                 need_weights=False)
+        state = path.state
     h.float().pow(2).mean().backward()
 
 

@@ -98,7 +98,7 @@ from .choice import (
 from .masks import MaskFacts
 from .module import IncrementalState, ResidualMultiheadAttention
 from .sdpa_probe import bias_has_fused_backend, mask_grad_backends
-from .state import RESIDUAL_MODES, ResidualState, divisor
+from .state import RESIDUAL_MODES, ResidualPath, ResidualState, divisor
 
 __all__ = [
     "DEFAULT_CUDA_RULE",
@@ -109,6 +109,7 @@ __all__ = [
     "PACKAGED_KERNEL_RULE",
     "RESIDUAL_MODES",
     "ResidualMultiheadAttention",
+    "ResidualPath",
     "ResidualState",
     "auto_kernel",
     "bias_has_fused_backend",

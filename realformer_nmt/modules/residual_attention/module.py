@@ -1,5 +1,6 @@
 """``ResidualMultiheadAttention``: fairseq's ``MultiheadAttention`` that takes the previous
-layer's :class:`ResidualState` and returns its own, running the kernel chosen per call."""
+layer's :class:`ResidualState` and leaves its own in the caller's :class:`ResidualPath`,
+running the kernel chosen per call, and returns what fairseq's returns."""
 
 import logging
 from typing import Dict, Optional, Tuple
@@ -15,7 +16,7 @@ from .choice import KERNELS
 from .fused import FusedKernel
 from .masks import MaskFacts
 from .materialized import MaterializedKernel
-from .state import RESIDUAL_MODES, ResidualState, divisor
+from .state import RESIDUAL_MODES, ResidualPath, ResidualState, divisor
 from .triton_kernel import TritonKernel, log_fallback_once, unsupported
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
@@ -90,18 +91,21 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
         static_kv: bool = False,
         attn_mask: Optional[Tensor] = None,
         need_head_weights: bool = False,
-        prev_state: Optional[ResidualState] = None,
+        residual_path: Optional[ResidualPath] = None,
         mask_facts: Optional[MaskFacts] = None,
-    ) -> Tuple[Tensor, Optional[Tensor], Optional[ResidualState]]:
-        """Input ``T x B x C`` as in fairseq; returns ``(output, weights, state)``.
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Input ``T x B x C`` as in fairseq; returns fairseq's ``(output, weights)``.
 
         Args:
             key_padding_mask: ``[B, S]``, True at padded keys. It covers *all*
                 keys, cached ones included, also in incremental decoding.
             attn_mask: additive ``[T, S]`` mask (e.g. the causal mask).
-            prev_state: the previous layer's :class:`ResidualState` on this path
-                (``None`` for the first layer). In cached decoding its scores are the
-                current step's rows only.
+            residual_path: the caller's :class:`ResidualPath`: its ``state`` is the
+                previous layer's :class:`ResidualState` on this path (``None`` for the
+                first layer; in cached decoding its scores are the current step's rows
+                only), and this layer's after the call (``None`` off a residual path).
+                Without it, a module on a residual path computes as a first layer and
+                its state is dropped.
             mask_facts: the :class:`MaskFacts` of ``key_padding_mask`` and ``attn_mask``,
                 established once per forward by whoever built them (the fused and bias
                 kernels branch on them); None: established here when a kernel needs them.
@@ -109,9 +113,9 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
         Returns:
             output ``[T, B, C]``; weights as fairseq's (``[B, T, S]`` averaged over
             heads, or ``[H, B, T, S]`` with ``need_head_weights``; ``None`` unless
-            requested); this layer's :class:`ResidualState` (``None`` when the module is
-            not on a residual path).
+            requested).
         """
+        prev_state = residual_path.state if residual_path is not None else None
         if not self.residual:
             if prev_state is not None:
                 raise ValueError("prev_state given to an attention module that is not on a residual path")
@@ -122,14 +126,14 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
                 incremental_state=incremental_state, need_weights=need_weights,
                 static_kv=static_kv, attn_mask=attn_mask, need_head_weights=need_head_weights,
             )
-            return output, weights, None
+            return output, weights
         need_weights = need_weights or need_head_weights
         kernel = self.kernel_for(query, key, incremental_state, need_weights, prev_state)
         if kernel in ("fused", "bias", "triton"):
             facts = mask_facts if mask_facts is not None else MaskFacts.of(key_padding_mask, attn_mask)
             run = {"fused": self._fused_forward, "bias": self._bias_forward, "triton": self._triton_forward}[kernel]
             try:
-                return run(query, key, value, key_padding_mask, attn_mask, prev_state, facts)
+                output, weights, state = run(query, key, value, key_padding_mask, attn_mask, prev_state, facts)
             except Exception as error:  # only Triton's own errors, only under auto (below)
                 if kernel != "triton" or self.kernel != "auto" or not type(error).__module__.startswith("triton"):
                     raise
@@ -138,11 +142,15 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
                 # so once, and the call runs what auto runs without it
                 triton_kernel.disable(f"Triton failed on this machine: {type(error).__name__}: {error}"[:300])
                 return self.forward(query, key, value, key_padding_mask, incremental_state, need_weights,
-                                    static_kv, attn_mask, need_head_weights, prev_state, mask_facts)
-        return self._materialized_forward(
-            query, key, value, key_padding_mask, incremental_state,
-            need_weights, static_kv, attn_mask, need_head_weights, prev_state,
-        )
+                                    static_kv, attn_mask, need_head_weights, residual_path, mask_facts)
+        else:
+            output, weights, state = self._materialized_forward(
+                query, key, value, key_padding_mask, incremental_state,
+                need_weights, static_kv, attn_mask, need_head_weights, prev_state,
+            )
+        if residual_path is not None:
+            residual_path.state = state
+        return output, weights
 
     def kernel_for(self, query: Tensor, key: Optional[Tensor], incremental_state, need_weights: bool,
                    prev_state: Optional[ResidualState]) -> str:

@@ -69,6 +69,19 @@ class ResidualState(NamedTuple):
             return total
 
 
+class ResidualPath:
+    """One path's residual state through one attention call, in the caller's hands:
+    ``ResidualMultiheadAttention.forward(..., residual_path=path)`` reads the previous
+    layer's :class:`ResidualState` from ``path.state`` (None before the first layer) and
+    leaves its own there, while returning fairseq's ``(attn, attn_weights)``. The module
+    keeps no tensor: the state lives as long as the caller keeps the container."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: Optional[ResidualState] = None):
+        self.state = state
+
+
 def _batched(x: Tensor) -> Tensor:
     """``[B, H, L, X]`` -> ``[B * H, L, X]`` (a copy where the layout needs one)."""
     return x.reshape(-1, x.size(-2), x.size(-1))
