@@ -20,6 +20,7 @@ from cli_helpers import load_checkpoint, write_reversal_corpus
 from conftest import BIN, cli_env
 from fairseq import options
 from fairseq_cli import generate, interactive, preprocess, train
+from inprocess import checkout_launcher
 
 # ----------------------------------------------------------------------------------------
 # The corpus: the reversal task of cli_helpers, with BPE-style continuation marks on the
@@ -95,11 +96,22 @@ def in_process(tool, argv, stdin=None):
     if stdin is not None:
         sys.stdin = io.StringIO(stdin) if isinstance(stdin, str) else stdin
     try:
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), fixes(tool):
             MAINS[tool](args)
     finally:
         sys.stdin = saved_stdin
     return out.getvalue()
+
+
+def fixes(tool):
+    """The fixes to fairseq the launcher gives ``fairseq-<tool>`` (``realformer_tools.launch``:
+    checkpoints that load on torch >= 2.6, ...; generate and interactive keep every sentence),
+    installed for the call and gone after it; nothing where the checkout has no launcher (the
+    test process has the fixes already)."""
+    launch = checkout_launcher()
+    if launch is None:
+        return contextlib.nullcontext()
+    return launch.fixes_installed(every_sentence=tool in ("generate", "interactive"), quiet=True)
 
 
 def cli(tool, argv, stdin=b"", check=True, env=None):

@@ -67,7 +67,7 @@ def console_function(tool):
     return matches[0].load()
 
 
-def _launcher():
+def checkout_launcher():
     """``realformer_tools.launch`` of the checkout under test, or None where it has none."""
     spec = importlib.util.find_spec("realformer_tools.launch")
     if spec is None or not str(spec.origin).startswith(str(conftest.REPO)):
@@ -215,7 +215,7 @@ def _call(tool, args, fixes, data_fixes, cpu_bf16):
     (``realformer-fairseq [--data-fixes] [--cpu-bf16] <command> ...``, whose fixes are gone when
     an exception leaves it); another command with the fixes runs inside ``fixes_installed``, as in a
     process where they were installed for good."""
-    launch = _launcher() if fixes else None
+    launch = checkout_launcher() if fixes else None
     if launch is None:
         return _exit_status(console_function(tool))
     for name in ("REALFORMER_NMT_DATA_FIXES", "REALFORMER_NMT_CPU_BF16"):
@@ -262,7 +262,7 @@ def run_in_process(tool, *args, check=True, input=None, env=None, cwd=None, fixe
             # as a fresh process shows them: once per place, on stderr when raised
             warnings.simplefilter("default")
             warnings.showwarning = _show_warning(err)
-            launch = _launcher() if fixes else None
+            launch = checkout_launcher() if fixes else None
             _fresh_logging(tool, out, err, launched=launch is not None and tool in launch.fairseq_commands())
             code = _call(tool, args, fixes, data_fixes, cpu_bf16)
     finally:

@@ -33,8 +33,8 @@ import subprocess
 
 import numpy as np
 import pytest
-from cli_helpers import TINY_FLAGS, write_reversal_corpus
-from conftest import BIN, USER_DIR, cli_env, trains
+from cli_helpers import TINY_FLAGS, command, write_reversal_corpus
+from conftest import USER_DIR, cli_env, trains
 from fairseq.data import Dictionary, data_utils
 from inprocess import run_in_process as run
 
@@ -104,10 +104,9 @@ def generate(data_bin, ckpt, *flags, check=True, batch_size=16):
 def interactive(data_bin, ckpt, stdin: bytes, *flags, env=None):
     """fairseq-interactive fed raw bytes, in its own process (how stdin is decoded, by locale and
     PYTHONIOENCODING, is what these tests are about); returns (returncode, stdout, stderr) as text."""
-    proc = subprocess.run(
-        [str(BIN / "fairseq-interactive"), str(data_bin), "--user-dir", USER_DIR,
-         "--path", str(ckpt), "--source-lang", "src", "--target-lang", "tgt",
-         "--beam", "2", "--cpu", *map(str, flags)],
+    proc = subprocess.run(  # through the launcher (cli_helpers.command): with the fixes to fairseq
+        command("fairseq-interactive", data_bin, "--user-dir", USER_DIR, "--path", ckpt, "--source-lang", "src",
+                "--target-lang", "tgt", "--beam", "2", "--cpu", *flags),
         input=stdin, capture_output=True, env={**cli_env(), **(env or {})}, timeout=600,
     )
     decode = lambda b: b.decode("utf-8", errors="replace")  # noqa: E731
@@ -204,9 +203,13 @@ def test_generate_translates_every_valid_sentence_with_default_batching(preproce
 
 @pytest.mark.parametrize("n", [5, 13, 37])
 def test_batch_by_size_keeps_every_index(n):
+    """With the fix the scoring commands get (the launcher's keep_last_batch)."""
+    from realformer_tools.launch import fixes_installed
+
     indices = np.arange(n, dtype=np.int64)
-    batches = data_utils.batch_by_size(indices, lambda i: 5, max_sentences=64,
-                                       required_batch_size_multiple=8)
+    with fixes_installed(every_sentence=True, quiet=True):
+        batches = data_utils.batch_by_size(indices, lambda i: 5, max_sentences=64,
+                                           required_batch_size_multiple=8)
     assert sorted(int(i) for b in batches for i in b) == list(range(n))
 
 
