@@ -1,7 +1,6 @@
-"""The ``triton`` kernel's Triton code: layer n of a residual path as flash-style kernels that
-read the previous layers' running sum and write their own (imported only when this kernel runs:
-``triton_kernel.py``; the autograd side is ``triton_autograd.py``; why it is built so:
-docs/performance.md).
+"""The ``triton`` kernel: layer n of a residual path as flash-style Triton kernels that read the
+previous layers' running sum and write their own, and their autograd function (imported only when
+this kernel runs: ``triton_kernel.py``; why it is built so: docs/performance.md).
 
 Forward, per block of query rows, over blocks of keys::
 

@@ -92,7 +92,9 @@ def log_fallback_once(reason: str, kernel: str) -> None:
 class TritonKernel:
     """The ``triton`` kernel, a part of :class:`ResidualMultiheadAttention` (its projections,
     divisor and fallbacks). The state it hands on is the float32 running sum ``A_n``, as
-    ``materialized``'s, so any kernel can follow it on a path."""
+    ``materialized``'s (zero in the blocks above the diagonal a causal call skipped, which only
+    causal layers read), so any kernel can follow it on a path; ``rebuild`` says what the next
+    triton layer's backward rebuilds its sum from."""
 
     def _triton_forward(self, query, key, value, key_padding_mask, attn_mask, prev_state, facts):
         tgt_len, bsz, _ = query.size()
