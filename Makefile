@@ -50,11 +50,13 @@ $(VENV)/.installed: setup.py constraints.txt
 demo: setup
 	$(PY) scripts/run_demo.py $(DEMO_ARGS)
 
+# every run ends with its 25 slowest steps (setup, call, teardown): where the suite's time goes
+DURATIONS ?= --durations=25
 test: setup
-	$(PY) -m pytest tests -q $(XDIST) $(TEST_ARGS)
+	$(PY) -m pytest tests -q $(XDIST) $(DURATIONS) $(TEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest tests -q -m "not slow" $(XDIST) $(TEST_ARGS)
+	$(PY) -m pytest tests -q -m "not slow" $(XDIST) $(DURATIONS) $(TEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check .
