@@ -24,7 +24,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, batch, build, cli_env, make_dictionary
+from conftest import REPO, attend, batch, build, cli_env, make_dictionary
 
 from realformer_nmt.modules import ResidualMultiheadAttention
 from realformer_nmt.modules import residual_attention as ra
@@ -588,9 +588,9 @@ def test_falls_back_where_it_does_not_apply_and_says_so_once(kernels, monkeypatc
         other_mask = torch.zeros(5, 5)  # an additive mask other than the causal one
         ran = record_kernels(monkeypatch)
         for _ in range(2):
-            want, _, _ = stack_module(kernel="materialized").to(device)(x, x, x, attn_mask=other_mask,
-                                                                        need_weights=False)
-            got, _, state = stack_module().to(device)(x, x, x, attn_mask=other_mask, need_weights=False)
+            want, _, _ = attend(stack_module(kernel="materialized").to(device), x, x, x, attn_mask=other_mask,
+                                need_weights=False)
+            got, _, state = attend(stack_module().to(device), x, x, x, attn_mask=other_mask, need_weights=False)
             assert ran and (got - want).abs().max() < 1e-5 and state.scores is not None
     said = [r.getMessage() for r in caplog.records]
     assert sum("other than fairseq's causal mask" in m and "'materialized'" in m for m in said) == 1
@@ -669,13 +669,13 @@ def test_auto_stops_choosing_triton_when_triton_fails_here(kernels, monkeypatch,
                         else "materialized")
     x = torch.randn(5, 2, 16, device=device)
     with pytest.raises(failure):
-        stack_module(kernel="triton").to(device)(x, x, x, need_weights=False)
+        attend(stack_module(kernel="triton").to(device), x, x, x, need_weights=False)
     assert triton_kernel._DISABLED == []
-    want, _, _ = stack_module(kernel="materialized").to(device)(x, x, x, need_weights=False)
+    want, _, _ = attend(stack_module(kernel="materialized").to(device), x, x, x, need_weights=False)
     auto = stack_module(kernel="auto").to(device)
     with caplog.at_level(logging.WARNING, logger=triton_kernel.__name__):
-        got, _, state = auto(x, x, x, need_weights=False)
-        again, _, _ = auto(x, x, x, need_weights=False)
+        got, _, state = attend(auto, x, x, x, need_weights=False)
+        again, _, _ = attend(auto, x, x, x, need_weights=False)
     assert (got - want).abs().max() < 1e-5 and (again - want).abs().max() < 1e-5 and state.scores is not None
     assert "CompilationError" in triton_kernel.unsupported(device, torch.float32)
     said = [r.getMessage() for r in caplog.records]
@@ -683,7 +683,7 @@ def test_auto_stops_choosing_triton_when_triton_fails_here(kernels, monkeypatch,
     monkeypatch.setattr(triton_kernel, "_DISABLED", [])
     monkeypatch.setattr(triton_py, "residual_attention", lambda *a, **k: (_ for _ in ()).throw(ValueError("ours")))
     with pytest.raises(ValueError, match="ours"):
-        stack_module(kernel="auto").to(device)(x, x, x, need_weights=False)
+        attend(stack_module(kernel="auto").to(device), x, x, x, need_weights=False)
 
 
 def test_the_plugin_works_without_importing_triton():
