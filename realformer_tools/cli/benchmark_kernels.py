@@ -28,9 +28,6 @@ def main(argv=None):
     p.add_argument("--masks", type=comma_list(str, ("noncausal", "causal")), default=["noncausal", "causal"],
                    help="comma list of noncausal, causal (default: both)")
     p.add_argument("--layers", type=int, default=6, help="layers in the stack (default: %(default)s)")
-    p.add_argument("--switch-points", type=comma_list(int), default=[2, 3, 4],
-                   help="hybrids fused for the first m layers, then materialized, where a fused kernel exists "
-                        "(default: %(default)s)")
     p.add_argument("--batch", type=int, default=8, help="batch size B (default: %(default)s)")
     p.add_argument("--embed-dim", type=int, default=512, help="model dim (default: %(default)s)")
     p.add_argument("--heads", type=int, default=8, help="attention heads (default: %(default)s)")
@@ -52,7 +49,7 @@ def main(argv=None):
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     result = kernel_timing.run(
         args.lengths, [m == "causal" for m in masks], args.layers, args.batch, args.embed_dim, args.heads,
-        args.dropout, args.switch_points, args.rounds, args.warmup, device, getattr(torch, args.dtype),
+        args.dropout, args.rounds, args.warmup, device, getattr(torch, args.dtype),
         log=lambda m: print(m, flush=True),
     )
     result["command"] = "python scripts/benchmark_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -6,8 +6,8 @@ of one residual path, forward + backward, next to fairseq's vanilla attention
 
 * every kernel on every layer (``materialized``, ``bias``, ``triton``: every entry of
   ``KERNELS`` but ``auto``);
-* ``F+L``: kernel ``F`` on the first layer of the path and ``L`` on every later one;
-* ``fused<=m`` (where a ``fused`` kernel exists: the committed CPU table measured it).
+* ``F+L``: kernel ``F`` on the first layer of the path and ``L`` on every later one
+  (the committed CPU table also measured a ``fused`` kernel, since removed, and hybrids of it).
 
 Variants are interleaved round by round in one process, so machine load hits all alike;
 medians are reported, with ratios. On CUDA each variant's peak memory over a step
@@ -56,25 +56,20 @@ def stack_step(mods, x, attn_mask, key_padding_mask):
 
 def position_variants(layers: int, kernels=CONCRETE_KERNELS) -> Dict[str, List[str]]:
     """``{name: per-layer kernels}``: first layer ``F``, later layers ``L``; named ``F``
-    when ``F == L``, else ``F+L``. A later layer runs fused only after a fused first layer."""
+    when ``F == L``, else ``F+L``."""
     out = {}
     for first in kernels:
         for later in kernels:
-            if later == "fused" and first != "fused":
-                continue
             out[first if first == later else f"{first}+{later}"] = [first] + [later] * (layers - 1)
     return out
 
 
-def variants_for(layers: int, switch_points: List[int], kernels=CONCRETE_KERNELS) -> Dict[str, List[Optional[str]]]:
+def variants_for(layers: int, kernels=CONCRETE_KERNELS) -> Dict[str, List[Optional[str]]]:
     out: Dict[str, List[Optional[str]]] = {"vanilla": [None] * layers}
     if layers == 1:
         out.update({k: [k] for k in kernels})
     else:
         out.update(position_variants(layers, kernels))
-    for m in switch_points:
-        if 1 < m < layers and "fused" in kernels:
-            out[f"fused<={m}"] = ["fused"] * m + ["materialized"] * (layers - m)
     return out
 
 
@@ -84,9 +79,9 @@ def _sync(device):
 
 
 def time_config(*, length: int, causal: bool, layers: int, batch: int, embed_dim: int, heads: int,
-                dropout: float, switch_points: List[int], rounds: int, warmup: int, device, dtype,
+                dropout: float, rounds: int, warmup: int, device, dtype,
                 log=print) -> dict:
-    variants = variants_for(layers, switch_points)
+    variants = variants_for(layers)
     stacks = {name: build_stack(k, embed_dim, heads, dropout, device, dtype) for name, k in variants.items()}
     g = torch.Generator().manual_seed(1)
     x = torch.randn(length, batch, embed_dim, generator=g).to(device=device, dtype=dtype).requires_grad_(True)
@@ -128,11 +123,11 @@ def time_config(*, length: int, causal: bool, layers: int, batch: int, embed_dim
     return result
 
 
-def run(lengths, causal_modes, layers, batch, embed_dim, heads, dropout, switch_points, rounds, warmup,
+def run(lengths, causal_modes, layers, batch, embed_dim, heads, dropout, rounds, warmup,
         device, dtype, log=print) -> dict:
     configs = [
         time_config(length=T, causal=c, layers=layers, batch=batch, embed_dim=embed_dim, heads=heads,
-                    dropout=dropout, switch_points=switch_points, rounds=rounds, warmup=warmup,
+                    dropout=dropout, rounds=rounds, warmup=warmup,
                     device=device, dtype=dtype, log=log)
         for c in causal_modes for T in lengths
     ]
