@@ -17,9 +17,9 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from cli_helpers import TINY_FLAGS
+from cli_helpers import TINY_FLAGS, load_checkpoint
 from conftest import USER_DIR, batch, build, trains
-from fairseq import checkpoint_utils, options
+from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models.fairseq_model import BaseFairseqModel
 from fairseq.optim import FP16Optimizer, MemoryEfficientFP16Optimizer
@@ -40,8 +40,15 @@ def train_losses(log):
     return [(int(u), float(loss), rest) for loss, u, rest in TRAIN_INNER.findall(log)]
 
 
+def training_log(proc):
+    """What the run logged, less the launcher's one line per fix installed (which names what each
+    fix replaces, torch_xla and loss-scaler overflows among them)."""
+    return "".join(line for line in (proc.stdout + proc.stderr).splitlines(keepends=True)
+                   if " | realformer_tools.fairseq_fixes | " not in line)
+
+
 def assert_trained(proc, updates=UPDATES):
-    log = proc.stdout + proc.stderr
+    log = training_log(proc)
     points = train_losses(log)
     assert [u for u, _, _ in points] == list(range(LOG_EVERY, updates + 1, LOG_EVERY)), log[-2000:]
     losses = [loss for _, loss, _ in points]
@@ -246,7 +253,7 @@ def test_cli_bf16_trains_and_saves_a_bf16_checkpoint(bf16_run):
     save, proc = bf16_run
     log, _ = assert_trained(proc)
     assert "overflow" not in log and "xla" not in log
-    state = checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt"))
+    state = load_checkpoint(save / "checkpoint_last.pt")  # weights only, fairseq's types allowed
     assert state["optimizer_history"][-1]["num_updates"] == UPDATES
     # fairseq saves every model as float32 (utils.move_to_cpu upcasts half/bf16), so the
     # weights of a bf16 model are float32 tensors holding bf16 values exactly
@@ -332,7 +339,7 @@ def nll(model, dictionary, bsz=4, src_len=10, tgt_len=9):
 
 
 @pytest.mark.slow  # 10-20 s under load: full suite only
-@pytest.mark.parametrize("kernel", ["materialized", "fused"])
+@pytest.mark.parametrize("kernel", ["materialized", "bias"])
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_48_layer_realformer_trains_finite_in_bf16(dictionary, mode, kernel):
     model = build(dictionary=dictionary, residual_attention_mode=mode, residual_attention_kernel=kernel,
