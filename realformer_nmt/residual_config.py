@@ -63,7 +63,13 @@ def parse_mode(value) -> str:
     return value
 
 
+REMOVED_KERNELS = ("fused",)  # a checkpoint that names one runs auto: every kernel computes the same function
+
+
 def parse_kernel(value) -> str:
+    if value in REMOVED_KERNELS:
+        logger.warning("%s %s: that kernel was removed; auto runs instead (the same function)", KERNEL_FLAG, value)
+        return DEFAULT_KERNEL
     if value not in KERNELS:
         raise ConfigError(f"{KERNEL_FLAG}: unknown kernel {value!r} (choose from {', '.join(KERNELS)})")
     return value
@@ -196,8 +202,7 @@ def add_args(parser, available=PATHS):
         help="how residual attention is computed (all compute the same function): "
              "materialized (B x H x T x S float32 scores passed between layers, explicit softmax), "
              "bias (the previous layers' float32 sum enters PyTorch's scaled_dot_product_attention "
-             "as an additive mask: no probabilities stored on CUDA), fused (concatenated "
-             "queries/keys passed on, scaled_dot_product_attention; no T x S tensor stored), "
+             "as an additive mask: no probabilities stored on CUDA), "
              "triton (flash-style Triton kernels that read and write the float32 sum; needs triton, "
              "pip install 'realformer-nmt[triton]'; where it does not apply, a call runs what auto would, "
              "said once), or "

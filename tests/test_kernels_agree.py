@@ -17,7 +17,7 @@ from realformer_nmt.modules import ResidualMultiheadAttention
 from realformer_nmt.modules import residual_attention as ra
 
 B, H, T, C = 3, 4, 6, 16
-OTHER_KERNELS = ["fused", "bias", "auto"]
+OTHER_KERNELS = ["bias", "auto"]
 
 
 def stack(kernel, mode, layers=4, seed=0, dtype=torch.float32, embed=C, heads=H):
@@ -103,7 +103,7 @@ def test_left_padding_rows_that_see_no_real_key_exist_and_get_no_score_gradient(
     assert dead is not None and dead[:, 0, :, 0].tolist() == [
         [True, True, True, False, False, False], [False] * T, [True] + [False] * (T - 1)]
     x = torch.randn(T, B, C, generator=torch.Generator().manual_seed(2))
-    for kernel in ("materialized", "bias", "fused"):
+    for kernel in ("materialized", "bias"):
         mods = stack(kernel, "sum", layers=2)
         q = mods[1].q_proj.weight
         outs, _ = run(mods, x, key_padding_mask=pad, attn_mask=attn_mask)
@@ -222,7 +222,7 @@ def test_bias_mask_in_half_precision_is_the_float32_mask_cast(kind):
 
 def record_kernels(monkeypatch):
     ran = []
-    for kernel in ("materialized", "fused", "bias"):
+    for kernel in ("materialized", "bias"):
         original = getattr(ResidualMultiheadAttention, f"_{kernel}_forward")
 
         def wrapper(self, *args, _original=original, _kernel=kernel, **kwargs):
@@ -234,9 +234,8 @@ def record_kernels(monkeypatch):
 
 
 @pytest.mark.parametrize("kernel,alignment_layer,expected", [
-    ("fused", None, ["fused", "fused", "materialized"]),
     ("bias", None, ["bias", "bias", "materialized"]),
-    # after the alignment layer the sum is multiplied out: bias goes on, fused could not
+    # after the alignment layer the sum is multiplied out: bias goes on
     ("bias", 0, ["materialized", "bias", "bias"]),
 ])
 def test_eval_cross_attention_runs_the_chosen_kernel_except_on_the_alignment_layer(
@@ -250,7 +249,7 @@ def test_eval_cross_attention_runs_the_chosen_kernel_except_on_the_alignment_lay
     ran = record_kernels(monkeypatch)
     with torch.no_grad():
         _, extra = model.decoder(tgt, encoder_out=encoder_out, alignment_layer=alignment_layer)
-    first = {}  # a bias layer with nothing to add yet runs fused's code: count the outer call
+    first = {}  # the outer call of each module
     for module, name in ran:
         first.setdefault(module, name)
     cross = [first[layer.encoder_attn] for layer in model.decoder.layers]
@@ -285,7 +284,6 @@ def packaged_text(monkeypatch):
     monkeypatch.setattr(ra.triton_kernel, "unsupported", lambda *args, **kwargs: "not the subject here")
     ra.choice._read_packaged_rule.cache_clear()
     yield text
-    ra.use_cuda_kernel_rule(None)
     ra.choice._read_packaged_rule.cache_clear()
 
 
@@ -293,17 +291,19 @@ def test_cuda_auto_reads_the_measured_rule_and_logs_it_once(packaged_text, monke
     import json
     import logging
 
-    packaged_text[0] = json.dumps({"device": "NVIDIA H100", "rule": {"first_layer": "fused", "later_layers": "bias"}})
+    packaged_text[0] = json.dumps({"device": "NVIDIA H100",
+                                   "rule": {"first_layer": "materialized", "later_layers": "bias"}})
     monkeypatch.setattr(ra.sdpa_probe, "bias_has_fused_backend", lambda device: True)
+    notes = ra.KernelNotes()  # what one model's modules share: the rule is said once per model
     with caplog.at_level(logging.INFO, logger=ra.__name__):
-        kernels = [ra.auto_kernel(device=CUDA, training_dropout=True, terms=n) for n in (1, 2, 3)]
-    assert kernels == ["fused", "bias", "bias"]
+        kernels = [ra.auto_kernel(device=CUDA, training_dropout=True, terms=n, notes=notes) for n in (1, 2, 3)]
+    assert kernels == ["materialized", "bias", "bias"]
     applied = [r.getMessage() for r in caplog.records if "kernel 'auto' on CUDA" in r.getMessage()]
-    assert len(applied) == 1 and "first layer of a path fused, later layers bias" in applied[0]
+    assert len(applied) == 1 and "first layer of a path materialized, later layers bias" in applied[0]
     assert "NVIDIA H100" in applied[0]
     # the CPU rule does not change
     assert [ra.auto_kernel(device=torch.device("cpu"), training_dropout=False, terms=n) for n in (1, 2)] == \
-        ["fused", "materialized"]
+        ["materialized", "materialized"]
 
 
 def test_cuda_auto_without_a_measured_rule_uses_bias_where_a_fused_backend_takes_it(packaged_text, monkeypatch):
@@ -320,13 +320,13 @@ def test_cuda_auto_without_a_measured_rule_uses_bias_where_a_fused_backend_takes
 
 def test_cuda_auto_rule_comes_from_the_package_not_the_environment(packaged_text, monkeypatch, tmp_path):
     """Issues 48 and 51: no environment variable, user cache or checkout folder changes
-    what auto runs; a program overrides the packaged rule explicitly."""
+    what auto runs."""
     import json
 
     packaged_text[0] = json.dumps({"device": "GPU A", "rule": {"first_layer": "materialized",
                                                                "later_layers": "materialized"}})
     other = tmp_path / "kernel_rule.json"
-    other.write_text(json.dumps({"device": "GPU B", "rule": {"first_layer": "fused", "later_layers": "bias"}}))
+    other.write_text(json.dumps({"device": "GPU B", "rule": {"first_layer": "bias", "later_layers": "bias"}}))
     (tmp_path / "realformer_nmt").mkdir()
     (tmp_path / "realformer_nmt" / "kernel_rule.json").write_text(other.read_text())
     monkeypatch.setenv("REALFORMER_KERNEL_RULE", str(other))
@@ -335,14 +335,6 @@ def test_cuda_auto_rule_comes_from_the_package_not_the_environment(packaged_text
     assert [ra.auto_kernel(device=CUDA, training_dropout=False, terms=n) for n in (1, 2)] == \
         ["materialized", "materialized"]
     assert ra.kernel_rule_source() == (ra.PACKAGED_KERNEL_RULE, "the packaged rule")
-    ra.use_cuda_kernel_rule(str(other))
-    assert [ra.auto_kernel(device=CUDA, training_dropout=False, terms=n) for n in (1, 2)] == ["fused", "bias"]
-    assert ra.kernel_rule_source()[1] == "set by the program"
-    ra.use_cuda_kernel_rule({"first_layer": "bias", "later_layers": "materialized"})
-    assert ra.cuda_kernel_rule() == {"first_layer": "bias", "later_layers": "materialized"}
-    with pytest.raises(ValueError, match="first_layer and later_layers"):
-        ra.use_cuda_kernel_rule({"first_layer": "triangle", "later_layers": "bias"})
-    ra.use_cuda_kernel_rule(None)
     assert ra.cuda_kernel_rule() == {"first_layer": "materialized", "later_layers": "materialized"}
 
 
@@ -371,7 +363,7 @@ def test_no_cuda_means_no_fused_bias_backend():
     assert ra.bias_has_fused_backend(torch.device("cpu")) is False
 
 
-@pytest.mark.parametrize("kernel", ["fused", "bias"])
+@pytest.mark.parametrize("kernel", ["bias"])
 def test_training_cross_attention_runs_materialized_on_the_alignment_layer_only(monkeypatch, kernel):
     """What docs/performance.md states: fairseq's decoder asks its alignment layer (the last)
     for cross-attention weights on every forward, training included, so that one layer's

@@ -23,8 +23,8 @@ from conftest import BIN, REPO
 # the rule the test wheel ships (the package's kernel_rule.json, replaced in the copy the wheel
 # is built from, so that the test knows what the package must hold)
 PACKAGED_RULE = {"device": "packaging test GPU", "dtype": "float16",
-                 "rule": {"first_layer": "fused", "later_layers": "materialized"}}
-OTHER_RULE = {"device": "some other GPU", "rule": {"first_layer": "bias", "later_layers": "fused"}}
+                 "rule": {"first_layer": "materialized", "later_layers": "bias"}}
+OTHER_RULE = {"device": "some other GPU", "rule": {"first_layer": "bias", "later_layers": "materialized"}}
 RULE_IN_PACKAGE = Path("realformer_nmt") / "modules" / "residual_attention" / "kernel_rule.json"
 
 
@@ -146,6 +146,7 @@ records = []
 class Keep(logging.Handler):
     def emit(self, record):
         records.append(record.getMessage())
+import torch
 import realformer_nmt.modules.residual_attention as ra
 logger = logging.getLogger(ra.__name__)
 logger.addHandler(Keep()); logger.setLevel(logging.INFO)
@@ -153,11 +154,11 @@ out = {"module": ra.__file__, "steps": []}
 for step in json.loads(sys.argv[1]):
     for key, value in step.get("env", {}).items():
         os.environ[key] = value
-    if "override" in step:
-        ra.use_cuda_kernel_rule(step["override"])
-    before = len(records)
+    before, notes = len(records), ra.KernelNotes()  # one model's
     rule = ra.cuda_kernel_rule()
-    ra.cuda_kernel_rule()  # logged once
+    for terms in (1, 2):  # what auto applies on CUDA where triton does not: said once per model
+        ra.auto_kernel(device=torch.device("cuda"), training_dropout=False, terms=terms, prefer_triton=False,
+                       notes=notes)
     out["steps"].append({"rule": rule, "source": ra.kernel_rule_source(), "logs": records[before:]})
 print(json.dumps(out))
 """
@@ -175,7 +176,6 @@ def test_installed_package_reads_its_packaged_rule_and_nothing_else(installed, t
     steps = [
         {},                                                               # the packaged rule
         {"env": {"REALFORMER_KERNEL_RULE": str(other), "XDG_CACHE_HOME": str(cache)}},  # ignored
-        {"override": str(other)},                                         # the program's explicit choice
     ]
     proc = subprocess.run([sys.executable, "-c", RULE_PROBE, json.dumps(steps)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -183,14 +183,11 @@ def test_installed_package_reads_its_packaged_rule_and_nothing_else(installed, t
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert Path(out["module"]).parent == target / "realformer_nmt" / "modules" / "residual_attention"
-    packaged, with_env, override = out["steps"]
+    packaged, with_env = out["steps"]
     assert packaged["rule"] == with_env["rule"] == PACKAGED_RULE["rule"]
     assert packaged["source"] == with_env["source"] == [str(target / RULE_IN_PACKAGE), "the packaged rule"]
-    assert len(packaged["logs"]) == 1 and "packaging test GPU" in packaged["logs"][0]
-    assert with_env["logs"] == []  # the same rule: logged once
-    assert override["rule"] == OTHER_RULE["rule"]
-    assert override["source"] == [f"use_cuda_kernel_rule({other})", "set by the program"]
-    assert len(override["logs"]) == 1 and "set by the program" in override["logs"][0]
+    for step in (packaged, with_env):  # each "model" says the rule once
+        assert len(step["logs"]) == 1 and "packaging test GPU" in step["logs"][0]
 
 
 # --------------------------------------------------------------------------------------

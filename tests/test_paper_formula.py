@@ -7,7 +7,7 @@ import torch
 from conftest import batch, build
 
 PATH_SETS = ["encoder", "decoder", "cross", "encoder,decoder,cross", "none"]
-KERNELS = ["materialized", "fused", "bias", "auto"]
+KERNELS = ["materialized", "bias", "auto"]
 
 
 def reference_logits(model, src, tgt, paths, mode, pre_ln=False):

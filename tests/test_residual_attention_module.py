@@ -10,7 +10,7 @@ from conftest import attend
 from realformer_nmt.modules import ResidualMultiheadAttention, ResidualState
 
 B, H, T, C = 2, 4, 5, 16
-KERNELS = ["materialized", "fused"]
+KERNELS = ["materialized", "bias"]
 
 
 def module(mode="sum", kernel="materialized", **kw):
@@ -109,7 +109,7 @@ def test_fused_kernel_equals_materialized(x, mode, masks):
         mods = stack(kernel, mode)
         xin = x.clone().requires_grad_(True)
         outs, state = run_stack(mods, xin, key_padding_mask=pad, attn_mask=attn_mask)
-        assert state.fused == (kernel == "fused") and state.terms == len(mods)
+        assert state.terms == len(mods)
         real = torch.ones(T, B) if pad is None else (~pad).t().float()
         (outs.pow(2) * real[None, :, :, None]).sum().backward()
         results[kernel] = (outs.detach(), state.running_sum().detach(), xin.grad,
@@ -122,21 +122,20 @@ def test_fused_kernel_equals_materialized(x, mode, masks):
     assert max((a - b).abs().max().item() for a, b in zip(p1, p2)) < 1e-5
 
 
-def test_fused_state_switches_to_materialized_when_weights_are_requested(x):
-    """Weights need the probabilities: that call materializes A_n = Q K^T once, and
-    the rest of the path continues materialized with the same values."""
-    fused, ref = stack("fused", "mean", 3), stack("materialized", "mean", 3)
+def test_a_bias_path_runs_materialized_where_weights_are_requested(x):
+    """Weights need the probabilities: that call materializes A_n once, and the rest of
+    the path continues with the same values."""
+    fused, ref = stack("bias", "mean", 3), stack("materialized", "mean", 3)
     with torch.no_grad():
         s_f = s_r = None
         for i, (mf, mr) in enumerate(zip(fused, ref)):
             need = i == 1
             of, wf, s_f = attend(mf, x, x, x, prev_state=s_f, need_weights=need)
             orf, wr, s_r = attend(mr, x, x, x, prev_state=s_r, need_weights=need)
-            assert s_f.fused == (i == 0)
             assert (of - orf).abs().max() < 1e-5
             if need:
                 assert (wf - wr).abs().max() < 1e-6
-        assert (s_f.scores - s_r.scores).abs().max() < 1e-4
+        assert (s_f.running_sum() - s_r.scores).abs().max() < 1e-4
 
 
 def test_auto_kernel_computes_the_same_function(x):
@@ -159,8 +158,6 @@ def test_off_path_module_is_fairseqs_and_refuses_a_state(x):
 def test_wrong_prev_shape_is_an_error(x, kernel):
     m = module(kernel=kernel)
     prev = ResidualState.of_scores(torch.zeros(B, H, T, T + 1))
-    if kernel == "fused":
-        prev = ResidualState(queries=(torch.zeros(B, H, T, 4),), keys=(torch.zeros(B, H, T + 1, 4),), terms=1)
     with pytest.raises(ValueError, match="expected"):
         attend(m, x, x, x, prev_state=prev)
 
@@ -186,45 +183,15 @@ def test_gradients_flow_through_the_residual(x, kernel):
     m = module(kernel=kernel).train()
     prev = randn(B, H, T, T, seed=4, requires_grad=True)
     state = ResidualState.of_scores(prev)
-    if kernel == "fused":
-        q, k = randn(B, H, T, 4, seed=5, requires_grad=True), randn(B, H, T, 4, seed=6, requires_grad=True)
-        state, prev = ResidualState(queries=(q,), keys=(k,), terms=1), q
     out, _, new = attend(m, x, x, x, prev_state=state, need_weights=False)
     (out.sum() + new.running_sum().sum()).backward()
     assert prev.grad is not None and prev.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("masks", ["padding", "causal+right-padding"])
-def test_fused_kernel_stores_no_t_by_s_tensor(masks):
-    """Autograd keeps nothing of size T x S for the fused kernel (only Q, K, V, the
-    output, SDPA's per-row statistics and a [B, 1, 1, S] padding mask), while the
-    materialized kernel keeps scores. fairseq's causal mask with right-padded keys (its
-    target batches) runs as SDPA's is_causal, without a mask."""
-    T_long, bsz = 64, 2
-    xin = randn(T_long, bsz, C, seed=7, requires_grad=True)
-    pad = torch.zeros(bsz, T_long, dtype=torch.bool)
-    pad[1, -5:] = True
-    causal = torch.full((T_long, T_long), float("-inf")).triu(1) if "causal" in masks else None
-    biggest = {}
-    for kernel in KERNELS:
-        saved = []
-
-        def pack(t, saved=saved):
-            saved.append(t.numel())
-            return t
-
-        mods = stack(kernel, "sum", 3)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            run_stack(mods, xin, key_padding_mask=pad, attn_mask=causal)
-        biggest[kernel] = max(saved)
-    assert biggest["materialized"] >= bsz * H * T_long * T_long
-    assert biggest["fused"] < T_long * T_long
-
-
 @pytest.mark.parametrize("mode", ["sum", "mean"])
-def test_fused_causal_right_padding_equals_materialized_on_every_row(x, mode):
-    """is_causal lets padded queries see the padded keys before them; the fused kernel
-    redoes those rows, so every row (real and padded) and every gradient is the
+def test_sdpa_causal_right_padding_equals_materialized_on_every_row(x, mode):
+    """is_causal lets padded queries see the padded keys before them; the bias kernel's
+    first layer redoes those rows, so every row (real and padded) and every gradient is the
     materialized kernel's."""
     pad = torch.zeros(B, T, dtype=torch.bool)
     pad[0, -2:] = True
@@ -242,19 +209,11 @@ def test_fused_causal_right_padding_equals_materialized_on_every_row(x, mode):
     assert all((a - b).abs().max() < 1e-5 for a, b in zip(results[0][2], results[1][2]))
 
 
-def test_auto_rule_runs_the_first_layer_fused_and_the_rest_materialized(x):
+def test_auto_runs_materialized_on_cpu(x):
     """The rule written next to auto_kernel, as the module applies it."""
-    mods = stack("auto", "sum", 3)
-    with torch.no_grad():
-        kinds = []
-        state = None
-        for m in mods:
-            _, _, state = attend(m, x, x, x, prev_state=state, need_weights=False)
-            kinds.append("fused" if state.fused else "materialized")
-    assert kinds == ["fused", "materialized", "materialized"]
     m = ResidualMultiheadAttention(C, H, dropout=0.1, self_attention=True, residual=True, kernel="auto").train()
-    assert m.kernel_for(x, x, None, False, None) == "materialized"  # CPU: no dropout in its fused kernel
-    assert m.eval().kernel_for(x, x, None, False, None) == "fused"
+    assert m.kernel_for(x, x, None, False, None) == "materialized"
+    assert m.eval().kernel_for(x, x, None, False, None) == "materialized"
     assert m.kernel_for(x, x, {}, False, None) == "materialized"  # cached decoding
     assert m.kernel_for(x, x, None, True, None) == "materialized"  # weights requested
 

@@ -8,7 +8,7 @@ build of every kernel of a whole translation model takes minutes here: see
   (``backend="aot_eager"``: the graph capture, guards, graph breaks and the traced
   backward, everything but code generation), forward and backward equal to eager, and
   no graph break beyond those of fairseq's own ``transformer``;
-* the RealFormer attention path (fused layers, then a materialized one: both kernels
+* the RealFormer attention path (bias layers, then a materialized one: both kernels
   and the switch between them, with padding and a causal mask) through the default
   backend, inductor, which generates and compiles C++: equal to eager within 1e-5.
 
@@ -89,7 +89,7 @@ def test_whole_model_compiles_to_eager_outputs_and_gradients_with_no_extra_graph
 
 def attention_stack():
     torch.manual_seed(0)
-    kernels = ["fused", "fused", "materialized"]  # a path may switch fused -> materialized
+    kernels = ["bias", "bias", "materialized"]  # a path may switch bias -> materialized
     return torch.nn.ModuleList(
         ResidualMultiheadAttention(16, 2, self_attention=True, residual=True, kernel=k, mode="mean")
         for k in kernels

@@ -619,7 +619,6 @@ def fake_cuda(monkeypatch, capability=(9, 0), installed=True):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(ra.sdpa_probe, "bias_has_fused_backend", lambda device: True)
     monkeypatch.setattr(ra.choice, "cuda_kernel_rule", lambda: dict(ra.DEFAULT_CUDA_RULE))
-    monkeypatch.setattr(triton_kernel, "_LOGGED", set())
 
 
 def test_auto_on_cuda_runs_triton_wherever_it_applies(monkeypatch, caplog):
@@ -634,19 +633,18 @@ def test_auto_on_cuda_runs_triton_wherever_it_applies(monkeypatch, caplog):
                     for n in (1, 2)] == ["triton", "triton"]
     assert ra.auto_kernel(device=cuda, training_dropout=True, terms=2, prefer_triton=False) == "bias"
     assert ra.auto_kernel(device=cuda, training_dropout=True, terms=2, dtype=torch.float64) == "bias"
+    notes = ra.KernelNotes()  # one model's: what it says, once
     with caplog.at_level(logging.WARNING, logger=triton_kernel.__name__):
         fake_cuda(monkeypatch, installed=False)
         for _ in range(2):
-            assert ra.auto_kernel(device=cuda, training_dropout=True, terms=2) == "bias"
+            assert ra.auto_kernel(device=cuda, training_dropout=True, terms=2, notes=notes) == "bias"
         fake_cuda(monkeypatch, capability=(7, 5))
-        assert ra.auto_kernel(device=cuda, training_dropout=False, terms=1, dtype=torch.float16) == "bias"
+        assert ra.auto_kernel(device=cuda, training_dropout=False, terms=1, dtype=torch.float16, notes=notes) == "bias"
     said = [r.getMessage() for r in caplog.records]
     assert sum("not installed" in m and "'bias'" in m for m in said) == 1
     assert sum("compute capability 8.0" in m for m in said) == 1
     monkeypatch.setattr(ra.choice, "cuda_kernel_rule", lambda: {"first_layer": "triton", "later_layers": "triton"})
     assert ra.auto_kernel(device=cuda, training_dropout=False, terms=1) == "bias"  # a rule naming triton, no triton
-    ra.use_cuda_kernel_rule({"first_layer": "triton", "later_layers": "bias"})  # accepted
-    ra.use_cuda_kernel_rule(None)
 
 
 def test_auto_stops_choosing_triton_when_triton_fails_here(kernels, monkeypatch, caplog):
@@ -662,25 +660,22 @@ def test_auto_stops_choosing_triton_when_triton_fails_here(kernels, monkeypatch,
         raise failure("at 12:4: unsupported layout")
 
     monkeypatch.setattr(triton_py, "residual_attention", broken)
-    monkeypatch.setattr(triton_kernel, "_DISABLED", [])
-    monkeypatch.setattr(triton_kernel, "_LOGGED", set())
     monkeypatch.setattr(ra.choice, "auto_kernel",
-                        lambda *a, prefer_triton=True, **k: "triton" if prefer_triton and not triton_kernel._DISABLED
-                        else "materialized")
+                        lambda *a, prefer_triton=None, **k: "materialized" if prefer_triton is False else "triton")
     x = torch.randn(5, 2, 16, device=device)
+    explicit = stack_module(kernel="triton").to(device)
     with pytest.raises(failure):
-        attend(stack_module(kernel="triton").to(device), x, x, x, need_weights=False)
-    assert triton_kernel._DISABLED == []
+        attend(explicit, x, x, x, need_weights=False)
+    assert explicit.notes.triton_failed is None
     want, _, _ = attend(stack_module(kernel="materialized").to(device), x, x, x, need_weights=False)
     auto = stack_module(kernel="auto").to(device)
     with caplog.at_level(logging.WARNING, logger=triton_kernel.__name__):
         got, _, state = attend(auto, x, x, x, need_weights=False)
         again, _, _ = attend(auto, x, x, x, need_weights=False)
     assert (got - want).abs().max() < 1e-5 and (again - want).abs().max() < 1e-5 and state.scores is not None
-    assert "CompilationError" in triton_kernel.unsupported(device, torch.float32)
+    assert "CompilationError" in auto.notes.triton_failed  # kept on the model's notes, not in the process
     said = [r.getMessage() for r in caplog.records]
     assert sum("disabled for auto" in m and "Triton failed on this machine" in m for m in said) == 1
-    monkeypatch.setattr(triton_kernel, "_DISABLED", [])
     monkeypatch.setattr(triton_py, "residual_attention", lambda *a, **k: (_ for _ in ()).throw(ValueError("ours")))
     with pytest.raises(ValueError, match="ours"):
         attend(stack_module(kernel="auto").to(device), x, x, x, need_weights=False)

@@ -11,7 +11,7 @@ from ... import residual_config
 from ...errors import ConfigError
 from ...modules.dropout_names import use_fairseq_dropout_names
 from ...modules.realformer_layer import RealFormerDecoderLayer, cross_self_masks, wrap_layer
-from ...modules.residual_attention import MaskFacts, ResidualState
+from ...modules.residual_attention import MaskFacts, ResidualState, share_kernel_notes
 
 
 class RealFormerTransformerDecoder(TransformerDecoderBase):
@@ -38,6 +38,7 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
             no_encoder_attn=no_encoder_attn, output_projection=output_projection,
         )
         use_fairseq_dropout_names(self, "TransformerDecoder")
+        share_kernel_notes(self)  # what its layers say about their kernels, said once per decoder
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         layer = RealFormerDecoderLayer(

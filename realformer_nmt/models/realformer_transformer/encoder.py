@@ -9,7 +9,7 @@ from torch import Tensor
 from ... import residual_config
 from ...modules.dropout_names import use_fairseq_dropout_names
 from ...modules.realformer_layer import RealFormerEncoderLayer, wrap_layer
-from ...modules.residual_attention import ResidualState
+from ...modules.residual_attention import ResidualState, share_kernel_notes
 
 
 class RealFormerTransformerEncoder(TransformerEncoderBase):
@@ -28,6 +28,7 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
         self.residual = residual_config.resolve(cfg, available=self.RESIDUAL_PATHS)
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
         use_fairseq_dropout_names(self, "TransformerEncoder")
+        share_kernel_notes(self)  # what its layers say about their kernels, said once per encoder
 
     def build_encoder_layer(self, cfg):
         layer = RealFormerEncoderLayer(

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import sdpa_probe
-from .masks import MaskFacts, uniform_rows_without_real_keys
+from .masks import MaskFacts, sdpa_mask, uniform_rows_without_real_keys
 from .state import ResidualState
 
 logger = logging.getLogger(__name__)
@@ -18,11 +18,11 @@ logger = logging.getLogger(__name__)
 
 class BiasKernel:
     """The ``bias`` kernel, a part of :class:`ResidualMultiheadAttention` (its first layer of
-    a path is the fused kernel's call; a call SDPA refuses runs materialized)."""
+    a path is plain SDPA; a call SDPA refuses runs materialized)."""
 
     def _bias_forward(self, query, key, value, key_padding_mask, attn_mask, prev_state, facts: MaskFacts):
-        if prev_state is None:  # nothing to add yet: the first layer is fused's (plain SDPA)
-            return self._fused_forward(query, key, value, key_padding_mask, attn_mask, None, facts)
+        if prev_state is None:  # nothing to add yet
+            return self._first_layer_forward(query, key, value, key_padding_mask, attn_mask, facts)
         tgt_len, bsz, _ = query.size()
         q, k, v = self._project(query, key, value)  # [B, H, T|S, d]; q scaled by 1/sqrt(d)
         prev = prev_state.running_sum()  # A_{n-1}, float32 (one baddbmm after a bias layer)
@@ -44,13 +44,42 @@ class BiasKernel:
         except RuntimeError as exc:
             if not (restricted and _is_no_kernel_error(exc)):
                 raise
-            _log_bias_fallback_once(q.device, exc)
+            self.notes.say(logging.WARNING, "bias kernel on %s: SDPA's %s backend refused a call whose mask needs a "
+                           "gradient (%s); such calls run materialized (said once per model)", q.device,
+                           "/".join(b.name for b in sdpa_probe.mask_grad_backends(q.device)), str(exc).splitlines()[0],
+                           log=logger)
             return self._materialized_forward(query, key, value, key_padding_mask, None, False, False,
                                               attn_mask, False, prev_state)
         out = uniform_rows_without_real_keys(out, v, key_padding_mask, facts, self._dropout_p())
         output = self._project_out(out, tgt_len, bsz)
         # A_n = A_{n-1} + q k^T is formed by the next layer that asks for it
         return output, None, ResidualState(scores=prev, queries=(q,), keys=(k,), terms=terms)
+
+
+    def _first_layer_forward(self, query, key, value, key_padding_mask, attn_mask, facts: MaskFacts):
+        """The first layer of a path: PyTorch's own (fused where it can) attention on this
+        layer's scores; its queries and keys are handed on, ``A_1 = Q_1 K_1^T`` formed by
+        the next layer."""
+        tgt_len, bsz, _ = query.size()
+        q, k, v = self._project(query, key, value)  # [B, H, T|S, d]; q scaled by 1/sqrt(d)
+        mask, causal, padded_keys = sdpa_mask(key_padding_mask, attn_mask, q.dtype, tgt_len, k.size(2), facts)
+        dropout_p = self._dropout_p()
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout_p,
+                                             scale=1.0)  # q carries 1/sqrt(d)
+        if padded_keys is not None:
+            # SDPA's causal kernel lets a padded query row see the padded keys up to its own
+            # position, which the materialized kernel masks: the rows from the shortest
+            # sentence's end on are attended again over the real keys, and the padded ones
+            # taken from there (T - shortest extra rows)
+            first = facts.shortest
+            key_mask = torch.zeros(padded_keys.shape, dtype=q.dtype, device=q.device).masked_fill(
+                padded_keys, torch.finfo(q.dtype).min)[:, None, None, :]
+            tail = F.scaled_dot_product_attention(q[:, :, first:], k, v, attn_mask=key_mask, dropout_p=dropout_p,
+                                                  scale=1.0)
+            padded_rows = padded_keys[:, None, first:, None]  # self-attention: query i is key i
+            out = torch.cat([out[:, :, :first], torch.where(padded_rows, tail, out[:, :, first:])], dim=2)
+        out = uniform_rows_without_real_keys(out, v, key_padding_mask, facts, dropout_p)
+        return self._project_out(out, tgt_len, bsz), None, ResidualState(queries=(q,), keys=(k,), terms=1)
 
 
 def _additive_bias(prev: Tensor, divisor: float, key_padding_mask: Optional[Tensor],
@@ -78,18 +107,6 @@ def _additive_bias(prev: Tensor, divisor: float, key_padding_mask: Optional[Tens
     if key_padding_mask is not None:
         bias.masked_fill_(key_padding_mask.to(torch.bool)[:, None, None, :], torch.finfo(dtype).min)
     return bias.to(dtype)
-
-
-_LOGGED_FALLBACKS = set()
-
-
-def _log_bias_fallback_once(device: torch.device, exc: Exception) -> None:
-    key = str(device)
-    if key not in _LOGGED_FALLBACKS:
-        _LOGGED_FALLBACKS.add(key)
-        logger.warning("bias kernel on %s: SDPA's %s backend refused a call whose mask needs a gradient (%s); "
-                       "such calls run materialized (logged once)", device,
-                       "/".join(b.name for b in sdpa_probe.mask_grad_backends(device)), str(exc).splitlines()[0])
 
 
 def _is_no_kernel_error(exc: RuntimeError) -> bool:

@@ -78,7 +78,7 @@ def sdpa_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], d
     alone; fairseq's causal mask with right-padded keys (its target batches;
     ``facts.causal``) is SDPA's ``is_causal`` without any mask: padded keys then come after
     every real query's position, so only the rows of padded queries see them, and those
-    rows are redone from the returned ``padded_keys`` (see ``fused._stacked_attention``).
+    rows are redone from the returned ``padded_keys`` (see ``bias._first_layer_forward``).
     Otherwise (left-padded targets, ``--cross-self-attention``) one ``[B, 1, T, S]`` mask.
     """
     if facts.causal and attn_mask is not None and attn_mask.shape == (tgt_len, src_len):

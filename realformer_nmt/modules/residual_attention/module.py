@@ -10,14 +10,13 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from ..dropout_names import use_fairseq_dropout_names
-from . import choice, sdpa_probe, triton_kernel
+from . import choice
 from .bias import BiasKernel
 from .choice import KERNELS
-from .fused import FusedKernel
 from .masks import MaskFacts
 from .materialized import MaterializedKernel
 from .state import RESIDUAL_MODES, ResidualPath, ResidualState, divisor
-from .triton_kernel import TritonKernel, log_fallback_once, unsupported
+from .triton_kernel import TritonKernel, note_fallback, unsupported
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
@@ -39,7 +38,34 @@ def new_keys_padding(key_padding_mask: Optional[Tensor], query: Tensor, key: Opt
     return key_padding_mask[:, -new_keys:]
 
 
-class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, TritonKernel, MultiheadAttention):
+class KernelNotes:
+    """What the attention modules of one model share about their kernels (no tensors): the
+    lines said, each once per model, and, once Triton failed under ``auto``, why (``auto``
+    then runs its other kernels in this model). A module has its own until its model shares
+    one (:func:`share_kernel_notes`)."""
+
+    def __init__(self):
+        self.said = set()
+        self.triton_failed: Optional[str] = None
+
+    def say(self, level: int, message: str, *args, log: Optional[logging.Logger] = None) -> None:
+        """``(log or this module's logger).log(level, message, *args)``, the first time only."""
+        if torch.compiler.is_compiling() or (message, args) in self.said:  # a traced graph must not break here
+            return
+        self.said.add((message, args))
+        (log or logger).log(level, message, *args)
+
+
+def share_kernel_notes(model) -> KernelNotes:
+    """Give every :class:`ResidualMultiheadAttention` of ``model`` one :class:`KernelNotes`."""
+    notes = KernelNotes()
+    for module in model.modules():
+        if isinstance(module, ResidualMultiheadAttention):
+            module.notes = notes
+    return notes
+
+
+class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, MultiheadAttention):
     """fairseq ``MultiheadAttention`` that threads RealFormer's residual scores.
 
     Parameters and incremental-state buffers are fairseq's own (``q_proj``,
@@ -49,10 +75,10 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
     Args (beyond fairseq's):
         residual: this module is on a residual path: it adds the previous layer's
             running sum and returns its own. Off, it is exactly fairseq's module (same
-            kernels, fused where fairseq fuses) and returns a ``None`` state.
+            kernels, fused where fairseq fuses) and leaves a ``None`` state.
         mode: ``"sum"`` or ``"mean"`` (divide the sum by the number of layers in it
             before the softmax; the undivided sum is still what is passed on).
-        kernel: ``"auto"``, ``"materialized"``, ``"fused"``, ``"bias"`` or ``"triton"`` (see
+        kernel: ``"auto"``, ``"materialized"``, ``"bias"`` or ``"triton"`` (see
             the package docstring); each kernel is a class of its own file, mixed in here.
     """
 
@@ -73,6 +99,7 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
         # softmax(mask(Q_n K_n^T / sqrt(d))), [H, B, T, S], in ``own_weights``.
         self.need_own_weights = False
         self.own_weights: Optional[Tensor] = None
+        self.notes = KernelNotes()
         use_fairseq_dropout_names(self, "MultiheadAttention")
 
     def extra_repr(self) -> str:
@@ -107,7 +134,7 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
                 Without it, a module on a residual path computes as a first layer and
                 its state is dropped.
             mask_facts: the :class:`MaskFacts` of ``key_padding_mask`` and ``attn_mask``,
-                established once per forward by whoever built them (the fused and bias
+                established once per forward by whoever built them (the SDPA and triton
                 kernels branch on them); None: established here when a kernel needs them.
 
         Returns:
@@ -129,18 +156,20 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
             return output, weights
         need_weights = need_weights or need_head_weights
         kernel = self.kernel_for(query, key, incremental_state, need_weights, prev_state)
-        if kernel in ("fused", "bias", "triton"):
+        if kernel in ("bias", "triton"):
             facts = mask_facts if mask_facts is not None else MaskFacts.of(key_padding_mask, attn_mask)
-            run = {"fused": self._fused_forward, "bias": self._bias_forward, "triton": self._triton_forward}[kernel]
+            run = self._bias_forward if kernel == "bias" else self._triton_forward
             try:
                 output, weights, state = run(query, key, value, key_padding_mask, attn_mask, prev_state, facts)
             except Exception as error:  # only Triton's own errors, only under auto (below)
                 if kernel != "triton" or self.kernel != "auto" or not type(error).__module__.startswith("triton"):
                     raise
                 # auto chose triton and Triton failed to compile or launch it here (a GPU, driver or
-                # Triton version it was not checked on): auto stops choosing it in this process, says
+                # Triton version it was not checked on): auto stops choosing it in this model, says
                 # so once, and the call runs what auto runs without it
-                triton_kernel.disable(f"Triton failed on this machine: {type(error).__name__}: {error}"[:300])
+                self.notes.triton_failed = f"Triton failed on this machine: {type(error).__name__}: {error}"[:300]
+                self.notes.say(logging.WARNING, "residual attention kernel 'triton' disabled for auto in this model "
+                               "(%s): auto runs its other kernels from here on", self.notes.triton_failed)
                 return self.forward(query, key, value, key_padding_mask, incremental_state, need_weights,
                                     static_kv, attn_mask, need_head_weights, residual_path, mask_facts)
         else:
@@ -154,12 +183,15 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
 
     def kernel_for(self, query: Tensor, key: Optional[Tensor], incremental_state, need_weights: bool,
                    prev_state: Optional[ResidualState]) -> str:
-        """The kernel this call runs (``materialized``, ``fused``, ``bias`` or ``triton``), logged
-        once per kind of path, position and choice. Where ``triton`` is asked for but does not
+        """The kernel this call runs (``materialized``, ``bias`` or ``triton``), said once per
+        model, kind of path, position and choice. Where ``triton`` is asked for but does not
         apply (``triton_kernel.unsupported``), what ``auto`` would run without it, said once."""
         kernel = self._choose_kernel(query, incremental_state, need_weights, prev_state)
-        _log_kernel_once(self, query.device, kernel, first=prev_state is None,
-                         cached=incremental_state is not None or need_weights)
+        cached = incremental_state is not None or need_weights
+        self.notes.say(logging.INFO, "residual attention: --residual-attention-kernel %s ran %s for %s layer of a %s "
+                       "path on %s%s", self.kernel, kernel, "the first" if prev_state is None else "a later",
+                       "cross-attention" if self.encoder_decoder_attention else "self-attention", query.device.type,
+                       " (cached decoding or attention weights asked for)" if cached else "")
         return kernel
 
     def _choose_kernel(self, query, incremental_state, need_weights, prev_state) -> str:
@@ -168,16 +200,15 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
         kernel = self.kernel
         where = dict(device=query.device, training_dropout=self._dropout_p() > 0,
                      terms=(prev_state.terms if prev_state is not None else 0) + 1)
+        failed = self.notes.triton_failed if kernel == "auto" else None  # explicit triton: its errors go through
         if kernel == "auto":
-            kernel = choice.auto_kernel(**where, dtype=query.dtype, head_dim=self.head_dim)
+            kernel = choice.auto_kernel(**where, dtype=query.dtype, head_dim=self.head_dim,
+                                        prefer_triton=False if failed else None, notes=self.notes)
         if kernel == "triton":
-            reason = unsupported(query.device, query.dtype, self.head_dim)
+            reason = failed or unsupported(query.device, query.dtype, self.head_dim)
             if reason is not None:
-                kernel = choice.auto_kernel(**where, prefer_triton=False)
-                log_fallback_once(reason, kernel)
-        if kernel == "fused" and prev_state is not None and not prev_state.fused:
-            # a multiplied-out sum cannot be split into Q and K again
-            return "bias" if sdpa_probe.bias_has_fused_backend(query.device) else "materialized"
+                kernel = choice.auto_kernel(**where, prefer_triton=False, notes=self.notes)
+                note_fallback(self.notes, reason, kernel)
         return kernel
 
     def _dropout_p(self) -> float:
@@ -208,23 +239,4 @@ class ResidualMultiheadAttention(MaterializedKernel, FusedKernel, BiasKernel, Tr
         """``[B, H, T, D]`` -> ``[T, B, H * D]`` -> ``out_proj``."""
         attn = attn.reshape(bsz, self.num_heads, tgt_len, self.head_dim).permute(2, 0, 1, 3)
         return self.out_proj(attn.reshape(tgt_len, bsz, self.embed_dim))
-
-
-_LOGGED_KERNELS = set()
-
-
-def _log_kernel_once(module, device, kernel, first, cached):
-    """One INFO line the first time a kind of path (self / cross attention) runs a kernel
-    at a position (its first layer, a later one) on a device: which kernel ran, and what
-    was asked (``--residual-attention-kernel``)."""
-    if torch.compiler.is_compiling():  # eager calls log it; a traced graph must not break on it
-        return
-    kind = "cross-attention" if module.encoder_decoder_attention else "self-attention"
-    key = (device.type, module.kernel, kernel, kind, first, cached)
-    if key in _LOGGED_KERNELS:
-        return
-    _LOGGED_KERNELS.add(key)
-    why = " (cached decoding or attention weights asked for)" if cached else ""
-    logger.info("residual attention: --residual-attention-kernel %s ran %s for %s layer of a %s path on %s%s "
-                "(logged once)", module.kernel, kernel, "the first" if first else "a later", kind, device.type, why)
 

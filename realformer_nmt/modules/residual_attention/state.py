@@ -30,8 +30,8 @@ class ResidualState(NamedTuple):
     * ``scores``: a ``[B, H, T, S]`` float32 (float64 model: float64) part of it, or None (materialized: all of
       ``A_n``; bias: ``A_{n-1}``; in cached decoding only the current step's rows, ``T = 1``);
     * ``queries``, ``keys``: terms not yet multiplied out, the projected queries (scaled by
-      ``1/sqrt(d)``) and keys of layers, one ``[B, H, T, d]`` / ``[B, H, S, d]`` tensor per
-      layer (fused: every layer's; bias: this layer's).
+      ``1/sqrt(d)``) and keys of a layer, ``[B, H, T, d]`` / ``[B, H, S, d]`` (bias: this
+      layer's).
 
     ``terms``: ``n``, the number of layers whose scores are in the sum (the divisor
     ``c_n`` of mean mode). ``rebuild``: the triton kernel's record of how its backward rebuilds
@@ -48,11 +48,6 @@ class ResidualState(NamedTuple):
     def of_scores(cls, scores: Tensor, terms: int = 1) -> "ResidualState":
         """A materialized state: ``scores`` is the running sum of ``terms`` layers."""
         return cls(scores=scores, terms=terms)
-
-    @property
-    def fused(self) -> bool:
-        """Whether the sum is still factored into queries and keys (what ``fused`` needs)."""
-        return self.scores is None
 
     def running_sum(self) -> Tensor:
         """``A_n`` as a float32 ``[B, H, T, S]`` tensor (float64 for a float64 model:

@@ -1,5 +1,5 @@
 """The ``triton`` kernel's side of :class:`ResidualMultiheadAttention`: where it applies, the
-fallback where it does not (said once), and the call. The kernels are in ``triton.py``,
+fallback where it does not (said once per model), and the call. The kernels are in ``triton.py``,
 imported only when this kernel runs, so the plugin works without triton installed."""
 
 import importlib.util
@@ -44,8 +44,6 @@ def unsupported(device: torch.device, dtype: Optional[torch.dtype] = None,
     """Why the ``triton`` kernel cannot run a call (None: it can). ``dtype``/``head_dim``
     None: not checked. On CPU it runs only in Triton's interpreter (``TRITON_INTERPRET=1``,
     set before triton is imported): a check of the kernel, not a way to train."""
-    if _DISABLED:
-        return _DISABLED[0]
     if not _installed():
         return "triton is not installed: pip install 'realformer-nmt[triton]'"
     if device.type == "cpu":
@@ -68,25 +66,12 @@ def unsupported(device: torch.device, dtype: Optional[torch.dtype] = None,
     return None
 
 
-_LOGGED = set()
-_DISABLED = []  # the reason, once Triton failed to compile or launch the kernel under auto (disable)
-
-
-def disable(reason: str) -> None:
-    """Make ``unsupported`` give ``reason`` from now on in this process: ``auto`` chose
-    ``triton`` and Triton itself failed on this machine, so ``auto`` stops choosing it (an
-    explicit ``--residual-attention-kernel triton`` lets the error through)."""
-    if not _DISABLED:
-        _DISABLED.append(reason)
-        logger.warning("residual attention kernel 'triton' disabled for auto in this process (%s): auto runs "
-                       "its other kernels", reason)
-
-
-def log_fallback_once(reason: str, kernel: str) -> None:
-    if (reason, kernel) not in _LOGGED:
-        _LOGGED.add((reason, kernel))
-        logger.warning("residual attention kernel 'triton' does not apply here (%s): such calls run '%s' "
-                       "(logged once)", reason, kernel)
+def note_fallback(notes, reason: str, kernel: str) -> None:
+    """Say, once per model (its :class:`~.module.KernelNotes`; None: not said), that ``triton``
+    does not apply for ``reason`` and such calls run ``kernel``."""
+    if notes is not None:
+        notes.say(logging.WARNING, "residual attention kernel 'triton' does not apply here (%s): such calls run "
+                  "'%s' (said once per model)", reason, kernel, log=logger)
 
 
 class TritonKernel:
@@ -101,7 +86,7 @@ class TritonKernel:
         src_len = tgt_len if key is None or self.self_attention else key.size(0)
         causal = attn_mask is not None
         if causal and not (facts.future and tuple(attn_mask.shape) == (tgt_len, src_len)):
-            log_fallback_once("an attention mask other than fairseq's causal mask", "materialized")
+            note_fallback(self.notes, "an attention mask other than fairseq's causal mask", "materialized")
             return self._materialized_forward(query, key, value, key_padding_mask, None, False, False,
                                               attn_mask, False, prev_state)
         from .triton import residual_attention
