@@ -246,6 +246,17 @@ def cli_env():
     return env
 
 
+@pytest.fixture(scope="module")
+def fairseq_fixes():
+    """The launcher's fixes to fairseq 0.12 installed in this process for a module's tests
+    (``pytestmark = pytest.mark.usefixtures("fairseq_fixes")``: tests that load checkpoints
+    with fairseq's own loaders in process, under torch >= 2.6), put back after them."""
+    from realformer_tools.launch import fixes_installed
+
+    with fixes_installed(quiet=True, ranks=False):
+        yield
+
+
 @pytest.fixture
 def dictionary():
     return make_dictionary()

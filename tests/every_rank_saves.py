@@ -10,4 +10,7 @@ from fairseq_cli import train  # as fairseq-train: importing it first sets up it
 train.Trainer.should_save_checkpoint_on_current_rank = property(lambda self: True)
 
 if __name__ == "__main__":
-    sys.exit(train.cli_main())
+    from realformer_tools.launch import fixes_installed  # as realformer-fairseq runs fairseq-train
+
+    with fixes_installed():
+        sys.exit(train.cli_main())

@@ -24,6 +24,9 @@ from inprocess import run_in_process as run  # fairseq's tools in this process (
 
 from realformer_nmt.models.realformer_bert import RealFormerBertModel
 
+# fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
+pytestmark = pytest.mark.usefixtures("fairseq_fixes")
+
 
 def labelled_sentences(n_train=96, n_valid=32):
     """Short WikiText-2 sentences with a class (does it contain a digit?) and a
@@ -112,6 +115,7 @@ def regressor(labelled, pretrained, tmp_path_factory):
 def _hub(save_dir, data_dir, spm_model):
     hub = RealFormerBertModel.from_pretrained(
         str(save_dir), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(data_dir),
+
         bpe="sentencepiece", sentencepiece_model=str(spm_model),
     )
     return hub.eval()  # as for RoBERTa: the hub model starts in training mode (dropout on)

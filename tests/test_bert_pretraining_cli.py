@@ -10,6 +10,9 @@ from cli_helpers import run
 from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 
+# fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
+pytestmark = pytest.mark.usefixtures("fairseq_fixes")
+
 HYDRA_CONFIG = checkpoint_utils.__file__.rsplit("/", 1)[0] + "/examples/roberta/config/pretraining"
 
 
@@ -80,6 +83,7 @@ def test_fairseq_hydra_train_runs_robertas_pretraining_config(data, tmp_path):
     """fairseq's examples/roberta/config/pretraining/base.yaml, model swapped, shrunk for CPU."""
     proc = run(
         "fairseq-hydra-train", "--config-dir", HYDRA_CONFIG, "--config-name", "base",
+
         f"task.data={data}", f"common.user_dir={USER_DIR}", "model._name=realformer_bert_base",
         "+model.encoder_layers=2", "+model.encoder_embed_dim=32", "+model.encoder_ffn_embed_dim=64",
         "+model.encoder_attention_heads=4", "task.tokens_per_sample=128", "dataset.batch_size=4",

@@ -24,6 +24,9 @@ from realformer_nmt.errors import ConfigError
 from realformer_tools.data import multi30k, pipeline
 from realformer_tools.experiments import compare, fairseq_runs
 
+# fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
+pytestmark = pytest.mark.usefixtures("fairseq_fixes")
+
 TINY_SIZE = dict(layers=2, embed_dim=32, ffn_dim=64, heads=2)
 
 
@@ -442,6 +445,7 @@ def test_every_test_set_is_scored_and_a_run_scored_before_is_decoded_only(m30k_s
             assert len(hyps) == len(refs) in (16, 12)
             assert record["bleu_by_test_set"][t["name"]] == pytest.approx(
                 sacrebleu.corpus_bleu(hyps, [refs]).score, abs=0.006)
+
             assert record["test_set_scores"][t["name"]]["split"] == t["split"]
             assert (results.parent / "m30k_hyps" / f"{b}_seed1.{t['name']}.txt").read_text().splitlines() == hyps
         entry = summary[b]
@@ -481,8 +485,8 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(m30k_slice, tmp_pa
     run resumed in epoch 2 other batches: when that case passes, the fix is no longer needed."""
     import torch
 
-    from realformer_nmt.switches import DATA_FIXES_SWITCH
     from realformer_tools.fairseq_fixes import safe_checkpoint_loading
+    from realformer_tools.launch import DATA_FIXES_ENV as DATA_FIXES_SWITCH
 
     env = dict(cli_env(), **{DATA_FIXES_SWITCH: data_fixes})
     recipe = tiny_recipe(max_update=22, extra=["--save-interval-updates", str(stop_at)])

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from cli_helpers import TINY_FLAGS, run
+from cli_helpers import TINY_FLAGS, command, run
 from conftest import BIN, REPO, USER_DIR, batch, build, cli_env, trains
 from fairseq import checkpoint_utils
 from fairseq.dataclass.configs import DistributedTrainingConfig
@@ -19,6 +19,9 @@ from omegaconf import OmegaConf
 from realformer_nmt.errors import ConfigError
 from realformer_tools.experiments.distributed_runs import NODE_LAUNCHERS, free_port, train_nodes, train_ranks
 from realformer_tools.fairseq_fixes import cpu_distributed
+
+# fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
+pytestmark = pytest.mark.usefixtures("fairseq_fixes")
 
 COMMON = ["--user-dir", USER_DIR, "--arch", "realformer_transformer", *TINY_FLAGS,
           "--max-tokens", "500", "--max-epoch", "1", "--log-format", "simple"]  # the last --max-tokens wins
@@ -83,7 +86,7 @@ def test_two_cpu_ranks_share_each_update_with_the_documented_recipe(data_bin, tm
     """Each update combines both ranks' batches, so an epoch takes half the updates of
     one process with the same --max-tokens; rank 0's checkpoint loads."""
     save = tmp_path / "dist"
-    cmd = [BIN / "fairseq-train", data_bin, *COMMON, "--save-dir", save, "--ddp-backend", ddp_backend]
+    cmd = command("fairseq-train", data_bin, *COMMON, "--save-dir", save, "--ddp-backend", ddp_backend)  # launched
     result = train_ranks(cmd, 2, tmp_path / "logs", timeout=600)
     logs = [open(p).read() for p in result["logs"]]
     assert result["returncodes"] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
@@ -92,6 +95,7 @@ def test_two_cpu_ranks_share_each_update_with_the_documented_recipe(data_bin, tm
     assert epoch_updates(logs[0]) * 2 in (single_rank - 1, single_rank, single_rank + 1)
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(save / "checkpoint_last.pt")], arg_overrides={"data": str(data_bin)})
+
     assert cfg.distributed_training.ddp_backend == ddp_backend
     assert cfg.distributed_training.distributed_world_size == 2
     assert type(models[0]).__name__ == "RealFormerTransformerModel"
@@ -145,7 +149,7 @@ def test_torchrun_starts_two_cpu_ranks_that_train_together(data_bin, tmp_path):
     from conftest import cli_env
 
     cmd = [BIN / "torchrun", "--nproc-per-node", 2, "--master-port", free_port(), "--no-python",
-           "fairseq-train", data_bin, *COMMON, "--max-update", 4, "--save-dir", tmp_path]
+           *command("fairseq-train", data_bin, *COMMON, "--max-update", 4, "--save-dir", tmp_path)]
     env = {**cli_env(), "PATH": f"{BIN}:{cli_env().get('PATH', '')}"}
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, timeout=600)
     log = proc.stdout + proc.stderr

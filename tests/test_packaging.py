@@ -148,6 +148,9 @@ class Keep(logging.Handler):
         records.append(record.getMessage())
 import torch
 import realformer_nmt.modules.residual_attention as ra
+
+# fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
+pytestmark = pytest.mark.usefixtures("fairseq_fixes")
 logger = logging.getLogger(ra.__name__)
 logger.addHandler(Keep()); logger.setLevel(logging.INFO)
 out = {"module": ra.__file__, "steps": []}
@@ -204,6 +207,7 @@ def test_fairseq_train_with_the_installed_user_dir(installed, data_bin, tmp_path
     save = tmp_path / "ckpt"
     proc = subprocess.run(
         [str(BIN / "fairseq-train"), str(data_bin), "--user-dir", user_dir, "--arch", "realformer_transformer",
+
          "--residual-attention-paths", "encoder,decoder,cross", "--max-update", "5", "--save-dir", str(save),
          *TINY_FLAGS], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

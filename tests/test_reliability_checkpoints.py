@@ -30,6 +30,9 @@ from realformer_tools.fairseq_fixes.safe_checkpoint_loading import (
     install_safe_checkpoint_loading,
 )
 
+# fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
+pytestmark = pytest.mark.usefixtures("fairseq_fixes")
+
 SYSTEM = f"{os.system.__module__}.{os.system.__name__}"  # posix.system on Linux
 
 TINY_MODEL = [
@@ -497,7 +500,7 @@ def test_install_is_idempotent():
     before = checkpoint_utils.load_checkpoint_to_cpu
     count = len(torch.serialization.get_safe_globals())
     install_safe_checkpoint_loading()
-    fairseq_patches.install_all()
+    fairseq_patches.install_for_good()
     assert checkpoint_utils.load_checkpoint_to_cpu is before
     assert before.__realformer_safe__
     assert not getattr(before.__wrapped__, "__realformer_safe__", False)  # wrapped once
@@ -507,6 +510,7 @@ def test_install_is_idempotent():
 def test_nothing_in_the_repo_disables_weights_only():
     unsafe = re.compile(
         r"weights_only\s*=\s*False"
+
         r"|pickle_module\s*="
         r"|TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD['\"]?\s*\]?\s*="
         r"|(export|setdefault\(|putenv\()\s*['\"]?TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"

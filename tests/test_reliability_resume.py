@@ -64,7 +64,6 @@ from fairseq.file_io import PathManager
 from pause_copy.sitecustomize import FOLDER as PAUSE_FOLDER
 from pause_copy.sitecustomize import PAUSE_ENV, PAUSE_MARKER
 
-from realformer_nmt.fairseq_fixes_switch import FIXES_SWITCH
 from realformer_tools import fairseq_fixes as fairseq_patches
 from realformer_tools.fairseq_fixes import atomic_checkpoint_copies as atomic_checkpoints
 from realformer_tools.fairseq_fixes import safe_checkpoint_loading
@@ -213,7 +212,7 @@ def test_fairseqs_own_copy_failing_midway_truncates_the_destination(tmp_path, mo
 def test_install_is_idempotent():
     wrapped = PathManager.copy
     atomic_checkpoints.install_atomic_checkpoint_copy()
-    fairseq_patches.install_all()
+    fairseq_patches.install_for_good()
     assert PathManager.copy is wrapped
     assert wrapped.__realformer_atomic__
     assert not getattr(wrapped.__wrapped__, "__realformer_atomic__", False)  # no double wrap
@@ -229,16 +228,17 @@ def test_remote_paths_fall_through_to_fairseqs_copy(tmp_path, monkeypatch):
     assert calls == [("mem://a/checkpoint_1_5.pt", "mem://a/checkpoint_last.pt")]
 
 
-def test_the_fixes_switch_installs_the_atomic_copy():
-    """What --user-dir does in the CLI process: a fresh interpreter, ``import realformer_nmt``;
-    the atomic copy is there with ``REALFORMER_NMT_FAIRSEQ_FIXES=1``, fairseq's own copy without."""
-    code = ("import realformer_nmt; from fairseq.file_io import PathManager; "
-            "print(getattr(PathManager.copy, '__realformer_atomic__', False))")
-    for switch, expected in (("1", "True"), ("0", "False")):
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              env=dict(cli_env(), **{FIXES_SWITCH: switch}), timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        assert proc.stdout.strip().splitlines()[-1] == expected, (switch, proc.stdout)
+def test_the_launcher_installs_the_atomic_copy_and_the_plugin_does_not():
+    """A fresh interpreter: ``import realformer_nmt`` (what --user-dir does) leaves fairseq's own
+    copy, whatever the environment; inside the launcher's ``fixes_installed`` the copy is atomic."""
+    code = ("import sys, realformer_nmt; from fairseq.file_io import PathManager; "
+            "from realformer_tools.launch import fixes_installed\n"
+            "print(getattr(PathManager.copy, '__realformer_atomic__', False))\n"
+            "with fixes_installed(quiet=True): print(getattr(PathManager.copy, '__realformer_atomic__', False))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(cli_env(), REALFORMER_NMT_FAIRSEQ_FIXES="1"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-2:] == ["False", "True"], proc.stdout
 
 
 # --------------------------------------------------------------------------------------
@@ -483,6 +483,10 @@ import os, sys, threading, time, torch
 if sys.argv[1] == "plugin":
     import realformer_nmt  # noqa: F401
 from fairseq.data.iterators import BufferedIterator
+
+# fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
+pytestmark = pytest.mark.usefixtures("fairseq_fixes")
+
 
 in_op, op_done = threading.Event(), threading.Event()
 

@@ -1,34 +1,32 @@
-"""Loading the plugin changes none of vanilla fairseq's numbers unless asked to.
+"""Loading the plugin changes none of vanilla fairseq's numbers, and the launcher's fixes
+change none unless asked to.
 
-fairseq's own ``transformer`` (translation, Multi30k words) and ``roberta`` (masked_lm,
-WikiText-2, one DataLoader worker) train 2 epochs through the real ``fairseq-train``,
-without and with ``--user-dir realformer_nmt``: with ``REALFORMER_NMT_DATA_FIXES`` off,
-every JSON log line (train_inner, train, valid) has the same loss, nll_loss, wpb, bsz,
-update count, learning rate and gradient norm. The runs with the plugin have the fixes to
-fairseq on (``REALFORMER_NMT_FAIRSEQ_FIXES=1``), so this also shows that they change no
-training number. With the data switch on, the data fixes do act (more sentences per epoch,
-new masks in epoch 2) and the log says so once. The corpora are cut to sizes that are not
-multiples of 8, where fairseq drops sentences.
+fairseq's own ``transformer`` (translation) and ``roberta`` (masked_lm, one DataLoader
+worker) train 2 epochs on small synthetic corpora made here (sizes that are not multiples
+of 8, where fairseq drops sentences) three ways: the plain ``fairseq-train``, the same with
+``--user-dir realformer_nmt`` through the launcher (``python -m realformer_tools.launch``:
+the fixes to fairseq 0.12), and that with ``--data-fixes``. Every JSON log line (train_inner,
+train, valid) of the first two is the same (loss, nll_loss, wpb, bsz, update count, learning
+rate, gradient norm); with the data fixes more sentences per epoch / new masks in epoch 2,
+and the launcher says so.
 
 What else a fairseq user runs, on one tiny ``transformer``, in three ways: fairseq alone,
-with ``--user-dir realformer_nmt`` (both switches unset) and with the plugin and
-``REALFORMER_NMT_FAIRSEQ_FIXES=1``: training that saves checkpoints with two DataLoader
-workers, resuming it for a third epoch, ``fairseq-generate`` (float32 and ``--bf16``),
-``fairseq-validate``, the hub (``TransformerModel.from_pretrained``) and a mistyped
-``--arch``. Without the fixes, fairseq 0.12 cannot load its own checkpoints under torch >=
-2.6 (weights-only loading refuses ``argparse.Namespace``); the fixes switch is read by the
-plugin, so a run without ``--user-dir`` cannot have it. The two runs without the fixes
-therefore load with torch's own ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, the same in both
-(safe here: the checkpoints are the test's own). Identical with and without the plugin:
-every log line, every checkpoint's weights, every hypothesis and score, the validation loss,
-the hub's translations, the typo's exit status and message (less the plugin's own names in
-fairseq's list of choices). With the fixes: the same numbers, except ``fairseq-generate
---bf16``, which they make decode in bfloat16 (fairseq alone decodes in float32), and the
-typo, which they make one line.
+with ``--user-dir realformer_nmt`` (plain console commands) and with the plugin through the
+launcher: training that saves checkpoints with two DataLoader workers, resuming it for a
+third epoch, ``fairseq-generate`` (float32 and ``--bf16``), ``fairseq-validate``, the hub
+(``TransformerModel.from_pretrained``) and a mistyped ``--arch``. Without the fixes, fairseq
+0.12 cannot load its own checkpoints under torch >= 2.6 (weights-only loading refuses
+``argparse.Namespace``): the two plain runs load with torch's own
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` (safe here: the checkpoints are the test's own).
+Identical in all three: every log line, every checkpoint's weights, every hypothesis and
+score, the validation loss, the hub's translations; ``fairseq-generate --bf16`` too, unless
+the launcher is asked for ``--cpu-bf16`` (bfloat16 decoding; fairseq alone decodes in
+float32); the typo's exit status and message are fairseq's with the plugin (less the
+plugin's own names in fairseq's list of choices), one line through the launcher.
 """
 
-import gzip
 import json
+import random
 import re
 import shutil
 import subprocess
@@ -37,14 +35,14 @@ import time
 
 import pytest
 import torch
-from conftest import BIN, MULTI30K, USER_DIR, WIKITEXT2, cli_env, require_shared_data, trains
+from conftest import BIN, USER_DIR, cli_env, trains
 
-from realformer_nmt.fairseq_fixes_switch import DATA_FIXES_SWITCH as SWITCH
-from realformer_nmt.fairseq_fixes_switch import FIXES_SWITCH
 from realformer_tools.fairseq_fixes.safe_checkpoint_loading import fairseq_checkpoint_types
 
 TIMING = {"wps", "ups", "wall", "train_wall", "gb_free"}  # wall-clock fields, not numbers of the run
-ANNOUNCEMENT = f"{SWITCH}=1: fairseq's data handling fixed"
+ANNOUNCEMENT = "fairseq fix keep_last_batch: every sentence batched"  # the launcher's line for --data-fixes
+SWITCHES = ("REALFORMER_NMT_DATA_FIXES", "REALFORMER_NMT_CPU_BF16", "REALFORMER_NMT_FAIRSEQ_FIXES")
+LAUNCHER = [sys.executable, "-m", "realformer_tools.launch"]
 
 
 def _preprocess(raw, dest, *flags):
@@ -55,34 +53,42 @@ def _preprocess(raw, dest, *flags):
     return dest
 
 
-def _head(path, n, skip=0, keep=lambda line: True):
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        lines = [line.strip() for line in f if keep(line.strip())]
-    return lines[skip:skip + n]
+WORDS = [f"w{i}" for i in range(60)]
+
+
+def _sentences(n, seed):
+    """``n`` sentences of 3-14 words drawn with a Zipf-like skew (some words frequent, most rare)."""
+    rng = random.Random(seed)
+    weights = [1.0 / (i + 1) for i in range(len(WORDS))]
+    return [" ".join(rng.choices(WORDS, weights, k=rng.randint(3, 14))) for _ in range(n)]
+
+
+def _translation(sentence):
+    """The synthetic target: the words reversed, each renamed (a task a transformer can learn)."""
+    return " ".join("t" + w[1:] for w in reversed(sentence.split()))
+
+
+SOURCE_SENTENCES = {"train": _sentences(203, seed=1), "valid": _sentences(21, seed=2)}
 
 
 @pytest.fixture(scope="module")
 def multi30k_words(tmp_path_factory):
-    """203 training and 21 validation pairs of Multi30k En-De, whitespace words."""
-    require_shared_data(MULTI30K)
-    raw = tmp_path_factory.mktemp("m30k_raw")
-    for split, name, n in (("train", "train", 203), ("valid", "val", 21)):
-        for lang in ("en", "de"):
-            (raw / f"{split}.{lang}").write_text("\n".join(_head(MULTI30K / f"{name}.{lang}.gz", n)) + "\n")
-    return _preprocess(raw, tmp_path_factory.mktemp("m30k_bin"), "--source-lang", "en", "--target-lang", "de",
+    """203 training and 21 validation pairs of a synthetic translation corpus."""
+    raw = tmp_path_factory.mktemp("pairs_raw")
+    for split, sentences in SOURCE_SENTENCES.items():
+        (raw / f"{split}.en").write_text("\n".join(sentences) + "\n")
+        (raw / f"{split}.de").write_text("\n".join(map(_translation, sentences)) + "\n")
+    return _preprocess(raw, tmp_path_factory.mktemp("pairs_bin"), "--source-lang", "en", "--target-lang", "de",
                        "--joined-dictionary")
 
 
 @pytest.fixture(scope="module")
 def wikitext_lines(tmp_path_factory):
-    """131 training and 29 validation lines of WikiText-2 (non-empty, not headings)."""
-    require_shared_data(WIKITEXT2)
-    raw = tmp_path_factory.mktemp("wt2_raw")
-    text = _head(WIKITEXT2 / "valid.txt", 160, keep=lambda line: line and not line.startswith("="))
-    (raw / "train").write_text("\n".join(text[:131]) + "\n")
-    (raw / "valid").write_text("\n".join(text[131:]) + "\n")
-    return _preprocess(raw, tmp_path_factory.mktemp("wt2_bin"), "--only-source")
+    """131 training and 29 validation lines of synthetic text."""
+    raw = tmp_path_factory.mktemp("text_raw")
+    (raw / "train").write_text("\n".join(_sentences(131, seed=3)) + "\n")
+    (raw / "valid").write_text("\n".join(_sentences(29, seed=4)) + "\n")
+    return _preprocess(raw, tmp_path_factory.mktemp("text_bin"), "--only-source")
 
 
 TRANSFORMER = ["--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1",
@@ -97,11 +103,14 @@ COMMON = ["--optimizer", "adam", "--lr", "1e-3", "--cpu", "--max-epoch", "2", "-
           "--log-format", "json", "--log-interval", "5"]
 
 
-def _start(data, flags, save_dir, plugin, switch):
-    cmd = [str(BIN / "fairseq-train"), str(data), *flags, *COMMON, "--save-dir", str(save_dir)]
-    cmd += ["--user-dir", USER_DIR] if plugin else []
-    env = dict(cli_env(), **{SWITCH: switch, FIXES_SWITCH: "1"})
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+def _start(data, flags, save_dir, plugin, data_fixes):
+    """fairseq-train alone, or with the plugin through the launcher (and its data fixes)."""
+    args = [str(data), *flags, *COMMON, "--save-dir", str(save_dir)]
+    if plugin:
+        cmd = [*LAUNCHER, *(["--data-fixes"] if data_fixes else []), "fairseq-train", *args, "--user-dir", USER_DIR]
+    else:
+        cmd = [str(BIN / "fairseq-train"), *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_switched())
 
 
 def _records(output):
@@ -118,10 +127,9 @@ def _records(output):
 
 
 def _train_three(data, flags, tmp_path):
-    """Logs of fairseq alone, with the plugin and the fixes (data switch off) and with the
-    plugin and the fixes (data switch on)."""
-    runs = {name: _start(data, flags, tmp_path / name, plugin, switch)
-            for name, plugin, switch in (("alone", False, "0"), ("plugin", True, "0"), ("fixed", True, "1"))}
+    """Logs of fairseq alone, with the plugin through the launcher, and that with its data fixes."""
+    runs = {name: _start(data, flags, tmp_path / name, plugin, data_fixes)
+            for name, plugin, data_fixes in (("alone", False, False), ("plugin", True, False), ("fixed", True, True))}
     out = {}
     for name, proc in runs.items():
         stdout, _ = proc.communicate(timeout=600)
@@ -166,54 +174,44 @@ def test_roberta_numbers_are_fairseqs_with_the_plugin_loaded(wikitext_lines, tmp
 
 
 def _switched(**values):
-    """The tests' environment with both switches as given (None: unset)."""
+    """The tests' environment with the switches as given (unset otherwise)."""
     env = cli_env()
-    for name in (SWITCH, FIXES_SWITCH):
+    for name in SWITCHES:
         env.pop(name, None)
-    env.update({name: value for name, value in values.items() if value is not None})
+    env.update(values)
     return env
 
 
-def test_the_fixes_are_off_unless_asked_for():
-    """A fresh ``import realformer_nmt``: fairseq's batching and epoch iterator (the data
-    fixes) and its checkpoint loader (the fixes) untouched with the switches unset or 0,
-    each group replaced with its switch 1; another value is one line."""
+def test_no_switch_makes_the_plugin_install_a_fix():
+    """A fresh ``import realformer_nmt`` with every switch the launcher reads (and the one the
+    plugin read before) set to 1: fairseq's batching, epoch iterator and checkpoint loader
+    are fairseq's own."""
     probe = ("import realformer_nmt; from fairseq import checkpoint_utils; from fairseq.data import data_utils, "
              "iterators; print(getattr(data_utils.batch_by_size, '__realformer_fixed__', False), "
              "getattr(iterators.EpochBatchIterator.next_epoch_itr, '__realformer_fixed__', False), "
              "getattr(checkpoint_utils.load_checkpoint_to_cpu, '__realformer_safe__', False))")
-    cases = [((None, None), "False False False"), (("0", "0"), "False False False"),
-             (("1", None), "True True False"), ((None, "1"), "False False True"), (("1", "1"), "True True True")]
-    procs = [(values, expected, subprocess.Popen(
-        [sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=_switched(**{SWITCH: values[0], FIXES_SWITCH: values[1]}))) for values, expected in cases]
-    for name in (SWITCH, FIXES_SWITCH):
-        procs.append(((name, "yes"), None, subprocess.Popen(
-            [sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=_switched(**{name: "yes"}))))
-    for values, expected, proc in procs:
-        stdout, stderr = proc.communicate(timeout=600)
-        if expected is None:
-            assert proc.returncode == 1 and stderr.strip().splitlines()[-1].startswith(
-                f"realformer_nmt: error: {values[0]}='yes'"), stderr
-            continue
-        assert proc.returncode == 0, stderr[-2000:]
-        assert stdout.split() == expected.split(), (values, stdout)
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600,
+                          env=_switched(**{name: "1" for name in SWITCHES}))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "False", "False"]
 
 
 # --------------------------------------------------------------------------------------
 # What else a fairseq user runs: save and resume, generate, validate, the hub, the typo
 # --------------------------------------------------------------------------------------
 
-FLAVOURS = ("alone", "plugin", "fixes")
+FLAVOURS = ("alone", "plugin", "fixes")  # fairseq alone, + --user-dir, + the launcher
 TINY = [*TRANSFORMER[:-2], "--max-tokens", "300", "--optimizer", "adam", "--lr", "1e-3", "--cpu", "--seed", "1",
         "--log-format", "json", "--log-interval", "5", "--num-workers", "2", "--no-epoch-checkpoints"]
 TORCH_UNSAFE = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"  # torch's own switch, for vanilla fairseq 0.12 (module docstring)
 HUB = """
-import sys
-if sys.argv[1] == "plugin":
+import contextlib, sys
+if sys.argv[1] != "alone":
     import realformer_nmt  # noqa: F401  (what --user-dir does)
 from fairseq.models.transformer import TransformerModel
+if sys.argv[1] == "fixes":
+    from realformer_tools.launch import fixes_installed
+    contextlib.ExitStack().enter_context(fixes_installed())
 
 hub = TransformerModel.from_pretrained(sys.argv[2], checkpoint_file="checkpoint_last.pt", data_name_or_path=sys.argv[3])
 for line in sys.argv[4:]:
@@ -225,16 +223,14 @@ for line in sys.argv[4:]:
 def _flavour_env(flavour):
     env = _switched()
     env.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
-    if flavour == "fixes":
-        env[FIXES_SWITCH] = "1"
-    else:
+    if flavour != "fixes":
         env[TORCH_UNSAFE] = "1"
     return env
 
 
-def _cmd(tool, flavour, *args):
-    cmd = [str(BIN / tool), *map(str, args)]
-    return cmd + (["--user-dir", USER_DIR] if flavour != "alone" else [])
+def _cmd(tool, flavour, *args, launcher_flags=()):
+    cmd = [*LAUNCHER, *launcher_flags, tool] if flavour == "fixes" else [str(BIN / tool)]
+    return cmd + [*map(str, args)] + (["--user-dir", USER_DIR] if flavour != "alone" else [])
 
 
 def _run_all(commands, logs, limit=4):
@@ -260,7 +256,6 @@ def _run_all(commands, logs, limit=4):
 @trains
 def user_runs(multi30k_words, tmp_path_factory):
     """``{(what, flavour): CompletedProcess}`` and the save dirs, for every flavour."""
-    require_shared_data(MULTI30K)
     work = tmp_path_factory.mktemp("user_runs")
     train = {("train", f): (_cmd("fairseq-train", f, multi30k_words, *TINY, "--max-epoch", 2, "--save-dir",
                                  work / f), _flavour_env(f)) for f in FLAVOURS}
@@ -270,7 +265,7 @@ def user_runs(multi30k_words, tmp_path_factory):
     for f in FLAVOURS:
         assert runs["train", f].returncode == 0, runs["train", f].stderr[-3000:]
         shutil.copytree(work / f, work / f"resume-{f}")
-    sentences = _head(MULTI30K / "val.en.gz", 4)
+    sentences = SOURCE_SENTENCES["valid"][:4]
     later = {}
     for f in FLAVOURS:
         checkpoint = work / f / "checkpoint_last.pt"
@@ -279,6 +274,9 @@ def user_runs(multi30k_words, tmp_path_factory):
                                    work / f"resume-{f}"), _flavour_env(f))
         later["generate", f] = (_cmd("fairseq-generate", f, multi30k_words, *decode), _flavour_env(f))
         later["generate-bf16", f] = (_cmd("fairseq-generate", f, multi30k_words, *decode, "--bf16"), _flavour_env(f))
+        if f == "fixes":
+            later["generate-bf16", "cpu-bf16"] = (_cmd("fairseq-generate", f, multi30k_words, *decode, "--bf16",
+                                                       launcher_flags=["--cpu-bf16"]), _flavour_env(f))
         later["validate", f] = (_cmd("fairseq-validate", f, multi30k_words, "--task", "translation", "--path",
                                      checkpoint, "--valid-subset", "valid", "--batch-size", "8", "--cpu"),
                                 _flavour_env(f))
@@ -336,20 +334,22 @@ def test_generate_validate_and_the_hub_are_fairseqs(user_runs):
 
 
 @pytest.mark.slow
-def test_generate_bf16_is_fairseqs_unless_the_fixes_are_on(user_runs):
-    """fairseq 0.12 alone ignores ``--bf16`` when decoding (float32); the plugin alone changes
-    nothing; the fixes (``cpu_bf16``) decode in bfloat16, which changes the scores: the
-    user's choice, by turning the fixes on."""
+def test_generate_bf16_is_fairseqs_unless_cpu_bf16_is_asked_for(user_runs):
+    """fairseq 0.12 alone ignores ``--bf16`` when decoding (float32); the plugin and the
+    launcher's fixes change nothing; the launcher's ``--cpu-bf16`` decodes in bfloat16, which
+    changes the scores: the user's choice."""
     runs, _ = user_runs
     _ok(runs, "generate-bf16")
     bf16 = {f: _hypotheses(runs["generate-bf16", f]) for f in FLAVOURS}
-    assert bf16["alone"] == bf16["plugin"] == _hypotheses(runs["generate", "alone"])
-    assert bf16["fixes"] != bf16["alone"]
-    assert "casting TransformerModel to bfloat16" in runs["generate-bf16", "fixes"].stderr
+    assert bf16["alone"] == bf16["plugin"] == bf16["fixes"] == _hypotheses(runs["generate", "alone"])
+    asked = runs["generate-bf16", "cpu-bf16"]
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    assert _hypotheses(asked) != bf16["alone"]
+    assert "casting TransformerModel to bfloat16" in asked.stdout + asked.stderr
 
 
 @pytest.mark.slow
-def test_a_mistyped_arch_gets_fairseqs_own_answer_unless_the_fixes_are_on(user_runs):
+def test_a_mistyped_arch_gets_fairseqs_own_answer_unless_launched(user_runs):
     runs, _ = user_runs
     alone, plugin, fixes = (runs["typo", f] for f in FLAVOURS)
     assert alone.returncode == plugin.returncode == 2
