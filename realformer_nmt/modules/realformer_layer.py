@@ -1,18 +1,10 @@
-"""Transformer layers that thread the residual attention state, and nothing else.
-
-They are fairseq's ``TransformerEncoderLayerBase`` / ``TransformerDecoderLayerBase``
-(same sub-modules, parameter names and Post-LN/Pre-LN switch) whose attention
-modules are :class:`ResidualMultiheadAttention`. ``forward`` takes the previous
-layer's :class:`ResidualState` for each path and returns this layer's next to what
-fairseq's layer returns.
-
-Why ``forward`` is a copy of fairseq's rather than a call to it: the residual state is an
-input and an output of each layer (passed as arguments, not kept on the module, so that
-activation checkpointing replays a layer with the state it was given), and fairseq's
-``forward`` neither passes a state to its attention modules nor returns one.
-Everything else (sub-modules, parameter names, ``return_fc``, ``need_attn`` /
-``make_generation_fast_``, ``upgrade_state_dict_named``) is fairseq's, inherited.
-The copies are listed in docs/development.md.
+"""Transformer layers that thread the residual attention state, and nothing else: fairseq's
+``TransformerEncoderLayerBase`` / ``TransformerDecoderLayerBase`` (sub-modules, parameter
+names, Post-LN/Pre-LN, everything but ``forward``, inherited) whose attention modules are
+:class:`ResidualMultiheadAttention`. ``forward`` is a copy of fairseq's (listed in
+docs/development.md) that takes the previous layer's :class:`ResidualState` per path as an
+argument and returns this layer's (arguments, so that activation checkpointing replays a
+layer with the state it was given).
 """
 
 import contextlib
@@ -43,15 +35,10 @@ def wrap_layer(layer, cfg):
 
 def checkpoint_layer(layer, offload_to_cpu=False):
     """``--checkpoint-activations`` (and ``--offload-activations``) for a layer that takes
-    and returns a :class:`ResidualState`.
-
-    fairseq's ``checkpoint_wrapper`` passes only top-level tensors through autograd, so
-    the tensors inside a state would reach the next layer cut off from the graph (no
-    gradient through the residual path). PyTorch's non-reentrant checkpoint keeps the
-    graph whatever the structure of inputs and outputs. Like fairseq's wrapper it
-    replaces ``forward`` in place (parameter names unchanged) and replays the forward with
-    the same RNG state (same dropout masks) in backward.
-    """
+    and returns a :class:`ResidualState`: PyTorch's non-reentrant checkpoint, which keeps the
+    graph through the tensors inside a state (fairseq's ``checkpoint_wrapper`` passes only
+    top-level tensors through autograd: no gradient along the residual path). Like fairseq's
+    it replaces ``forward`` in place and replays it with the same RNG state in backward."""
     forward = layer.forward
 
     def checkpointed_forward(*args, **kwargs):
@@ -212,21 +199,13 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
         self_mask_facts: Optional[MaskFacts] = None,
         weights_only_if_asked: bool = False,
     ):
-        """As fairseq's decoder layer, plus the two residual paths.
-
-        The cross-attention weights come back as from fairseq's layer: when
-        ``need_attn`` (or ``need_head_weights``) asks, and in eval mode while
-        ``self.need_attn`` is set (fairseq's default; ``make_generation_fast_``
-        sets it, e.g. from ``--print-alignment``). ``weights_only_if_asked``: only when
-        ``need_attn`` asks. :class:`RealFormerTransformerDecoder` passes it, as it keeps
-        only its alignment layer's weights (fairseq's decoder discards the others;
-        computing them would force the materialized kernel on every layer).
-
-        ``self_attn_padding_mask`` is ``[B, T]`` over all target positions (cached ones
-        included); ``self_mask_facts``: the :class:`MaskFacts` of the self-attention masks
-        (with ``--cross-self-attention``, of the widened ones), if the decoder established
-        them. Returns ``(x, attn, self_attn_state, self_state, cross_state)``.
-        """
+        """As fairseq's decoder layer, plus the two residual paths; returns ``(x, attn,
+        self_attn_state, self_state, cross_state)``. Cross-attention weights come back as
+        from fairseq's layer, or with ``weights_only_if_asked`` only when ``need_attn`` asks
+        (the decoder keeps only its alignment layer's: others would force the materialized
+        kernel). ``self_attn_padding_mask``: ``[B, T]`` over every target position, cached
+        ones included; ``self_mask_facts``: the :class:`MaskFacts` of the self-attention
+        masks (widened with ``--cross-self-attention``), if the decoder established them."""
         if need_head_weights:
             need_attn = True
 
