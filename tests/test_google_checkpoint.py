@@ -24,7 +24,7 @@ import torch
 from bert_helpers import USER_DIR
 from conftest import REPO, cli_env
 from fairseq import checkpoint_utils
-from inprocess import run_in_process
+from inprocess import fairseq_fixed, run_in_process
 
 from realformer_nmt.errors import CheckpointFileError, ConfigError
 from realformer_nmt.models.realformer_bert import RealFormerBertModel
@@ -41,6 +41,14 @@ OFFICIAL = np.load(FIXTURE / "official_outputs.npz")
 MLM_POSITIONS = [1, 2, 3]  # make_fixture.py kept the official MLM logits of these positions
 BERT_TO_FAIRSEQ = {"[CLS]": "<s>", "[PAD]": "<pad>", "[SEP]": "</s>", "[UNK]": "<unk>", "[MASK]": "<mask>"}
 ATOL = 1e-5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fairseq_fixes():
+    """This module loads checkpoints in the test process (hub interfaces, checkpoint_utils):
+    with the fixes a launched fairseq command gets (safe loading on torch >= 2.6), for its tests only."""
+    with fairseq_fixed():
+        yield
 
 
 def model_variables():

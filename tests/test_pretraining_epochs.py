@@ -7,7 +7,7 @@
 * fairseq's own ``--task masked_lm`` masks (RoBERTa's dynamic masking) too, with the data
   fix ``fairseq_fixes.epoch_workers`` (without it, workers serve epoch 1's draw forever);
 * the same through ``fairseq-train`` (a probe criterion hashes every training sample;
-  ``masked_lm_nsp`` with both switches off, fairseq's defaults);
+  ``masked_lm_nsp`` plain, without the launcher's fixes, fairseq's defaults);
 * only there: ``--task translation`` keeps its DataLoader workers across epochs (its items
   do not change), while ``masked_lm`` and ``masked_lm_nsp`` get new ones each epoch;
 * a sentence pair holds no ``</s>`` but its two separators: a line's own ``</s>`` is not
@@ -23,15 +23,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import BIN, cli_env
+from cli_helpers import command
+from conftest import cli_env
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 
 from realformer_nmt.errors import DataError
-from realformer_nmt.fairseq_fixes_switch import DATA_FIXES_SWITCH, FIXES_SWITCH
 from realformer_nmt.tasks.masked_lm_nsp import MaskedLMNextSentenceTask, MaskedLMNSPConfig
 from realformer_nmt.tasks.next_sentence_pairs import NextSentencePairsDataset
 from realformer_tools.data import pretraining
 from realformer_tools.fairseq_fixes import epoch_workers
+from realformer_tools.launch import fixes_installed
 
 PROBE = str(Path(__file__).resolve().parent / "epoch_probe")
 WORDS = "the cat dog bird sat ran flew over under near a red blue green house tree river and".split()
@@ -92,12 +93,14 @@ def epoch_draws(task, num_workers, epochs=3):
 
 @pytest.mark.parametrize("make_task", [nsp_task, mlm_task], ids=["masked_lm_nsp", "fairseq_masked_lm"])
 def test_workers_redraw_every_epoch_as_the_main_process_does(short_lines, make_task):
-    reference = epoch_draws(make_task(short_lines), num_workers=0)
-    for epoch in range(1, 3):  # each epoch is a new draw of (nearly) every sample
-        changed = sum(reference[epoch][i] != reference[0][i] for i in reference[0])
-        assert changed > 0.9 * len(reference[0]), f"epoch {epoch + 1}: only {changed} samples changed"
-    for workers in (1, 2):
-        assert epoch_draws(make_task(short_lines), num_workers=workers) == reference, f"--num-workers {workers}"
+    """With the data fixes (the launcher's --data-fixes: epoch_workers)."""
+    with fixes_installed(data_fixes=True, quiet=True):
+        reference = epoch_draws(make_task(short_lines), num_workers=0)
+        for epoch in range(1, 3):  # each epoch is a new draw of (nearly) every sample
+            changed = sum(reference[epoch][i] != reference[0][i] for i in reference[0])
+            assert changed > 0.9 * len(reference[0]), f"epoch {epoch + 1}: only {changed} samples changed"
+        for workers in (1, 2):
+            assert epoch_draws(make_task(short_lines), num_workers=workers) == reference, f"--num-workers {workers}"
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -107,12 +110,9 @@ def test_masked_lm_nsp_redraws_every_epoch_without_the_data_fix(short_lines, wor
     the main process alone draws."""
     task = nsp_task(short_lines)
     assert not task.can_reuse_epoch_itr(task.dataset("train"))
-    epoch_workers.uninstall()
-    try:
-        draws = epoch_draws(task, num_workers=workers)
-        reference = epoch_draws(nsp_task(short_lines), num_workers=0)
-    finally:
-        epoch_workers.install()
+    assert not fixed(), "the test process has no fixes (importing the plugin installs nothing)"
+    draws = epoch_draws(task, num_workers=workers)
+    reference = epoch_draws(nsp_task(short_lines), num_workers=0)
     assert draws == reference
     for epoch in (1, 2):
         changed = sum(draws[epoch][i] != draws[0][i] for i in draws[0])
@@ -121,12 +121,16 @@ def test_masked_lm_nsp_redraws_every_epoch_without_the_data_fix(short_lines, wor
 
 def test_fairseq_alone_serves_the_first_epochs_draw_to_workers(short_lines):
     """How to tell the patch is no longer needed: this fails once fairseq is fixed."""
-    epoch_workers.uninstall()
-    try:
-        frozen = epoch_draws(mlm_task(short_lines), num_workers=1)
-    finally:
-        epoch_workers.install()
+    assert not fixed(), "the test process has no fixes (importing the plugin installs nothing)"
+    frozen = epoch_draws(mlm_task(short_lines), num_workers=1)
     assert frozen[0] == frozen[1] == frozen[2]
+
+
+def fixed():
+    """Whether epoch_workers is installed in this process."""
+    from fairseq.data import iterators
+
+    return getattr(iterators.EpochBatchIterator.next_epoch_itr, "__realformer_fixed__", False)
 
 
 def worker_pids_per_epoch(task, split, epochs=3, num_workers=1):
@@ -164,9 +168,11 @@ def test_translation_keeps_its_workers_across_epochs(data_bin):
 
 @pytest.mark.parametrize("make_task", [nsp_task, mlm_task], ids=["masked_lm_nsp", "fairseq_masked_lm"])
 def test_epoch_dependent_tasks_get_new_workers_each_epoch(short_lines, make_task):
+    """With the data fixes (the launcher's --data-fixes: epoch_workers)."""
     task = make_task(short_lines)
     assert epoch_workers.items_depend_on_epoch(task.dataset("train"))
-    pids = worker_pids_per_epoch(task, "train")
+    with fixes_installed(data_fixes=True, quiet=True):
+        pids = worker_pids_per_epoch(task, "train")
     assert len(set(pids)) == 3, pids
 
 
@@ -175,15 +181,16 @@ def probe_run(data, tmp_path, task, workers):
     criterion = "masked_lm_nsp_probe" if task == "masked_lm_nsp" else "masked_lm_acc_probe"
     extra = ["--sample-break-mode", "complete"] if task == "masked_lm" else []
     env = dict(cli_env(), EPOCH_PROBE_OUT=str(out))
-    if task == "masked_lm_nsp":  # right by default: plain fairseq-train, no fixes
-        env.update({FIXES_SWITCH: "0", DATA_FIXES_SWITCH: "0"})
+    # masked_lm_nsp is right by default: plain fairseq-train, no fixes; fairseq's masked_lm
+    # needs the data fixes: through the launcher with --data-fixes
+    launch = dict(fixes=False) if task == "masked_lm_nsp" else dict(data_fixes=True)
     proc = subprocess.run(
-        [str(BIN / "fairseq-train"), str(data), "--user-dir", PROBE, "--task", task, "--criterion", criterion,
-         "--arch", "realformer_bert_small", "--encoder-layers", "1", "--encoder-embed-dim", "16",
-         "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--tokens-per-sample", "32",
-         "--batch-size", "8", "--optimizer", "adam", "--lr", "1e-4", "--max-epoch", "3", "--cpu",
-         "--num-workers", str(workers), "--disable-validation", "--no-save", "--seed", "1",
-         "--log-format", "simple", *extra],
+        command("fairseq-train", data, "--user-dir", PROBE, "--task", task, "--criterion", criterion,
+                "--arch", "realformer_bert_small", "--encoder-layers", "1", "--encoder-embed-dim", "16",
+                "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--tokens-per-sample", "32",
+                "--batch-size", "8", "--optimizer", "adam", "--lr", "1e-4", "--max-epoch", "3", "--cpu",
+                "--num-workers", workers, "--disable-validation", "--no-save", "--seed", "1",
+                "--log-format", "simple", *extra, **launch),
         capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     per_epoch = defaultdict(dict)  # the k-th time a sample is seen is epoch k
@@ -253,13 +260,13 @@ def test_pretraining_resumed_at_an_epoch_end_is_bit_identical(short_lines, tmp_p
 
     def train(save_dir, max_epoch):
         env = dict(cli_env(), EPOCH_PROBE_OUT=str(tmp_path / "probe.jsonl"))
-        proc = subprocess.run(
-            [str(BIN / "fairseq-train"), str(short_lines), "--user-dir", PROBE, "--task", task,
-             "--criterion", criterion, "--arch", "realformer_bert_small", "--encoder-layers", "1",
-             "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
-             "--tokens-per-sample", "32", "--batch-size", "8", "--optimizer", "adam", "--lr", "1e-3",
-             "--max-epoch", str(max_epoch), "--cpu", "--disable-validation", "--no-epoch-checkpoints",
-             "--save-dir", str(save_dir), "--seed", "1", "--log-format", "simple", *extra],
+        proc = subprocess.run(  # through the launcher, with the data fixes (resume_batches)
+            command("fairseq-train", short_lines, "--user-dir", PROBE, "--task", task,
+                    "--criterion", criterion, "--arch", "realformer_bert_small", "--encoder-layers", "1",
+                    "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
+                    "--tokens-per-sample", "32", "--batch-size", "8", "--optimizer", "adam", "--lr", "1e-3",
+                    "--max-epoch", max_epoch, "--cpu", "--disable-validation", "--no-epoch-checkpoints",
+                    "--save-dir", save_dir, "--seed", "1", "--log-format", "simple", *extra, data_fixes=True),
             capture_output=True, text=True, env=env, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc.stdout + proc.stderr
