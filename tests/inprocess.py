@@ -272,18 +272,3 @@ def run_in_process(tool, *args, check=True, input=None, env=None, cwd=None, fixe
         raise AssertionError(f"{tool} failed in process ({code}):\n{proc.stderr[-3000:]}\n{proc.stdout[-2000:]}")
     return proc
 
-
-@contextlib.contextmanager
-def fairseq_fixed(**groups):
-    """The fixes to fairseq a command of the launcher gets (``realformer_tools.launch.
-    fixes_installed``: checkpoints that load on torch >= 2.6, ...), installed in this process
-    for the block and gone after it, quietly. For a test module that loads checkpoints in this
-    process (hub interfaces, ``checkpoint_utils``), as a program of the user's would inside
-    ``fixes_installed``: an autouse module fixture whose body is ``with fairseq_fixed(): yield``."""
-    launch = checkout_launcher()
-    if launch is None:
-        yield
-        return
-    with launch.fixes_installed(quiet=True, **groups):
-        yield
-

@@ -20,21 +20,12 @@ from conftest import require_shared_data, trains
 from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 from fairseq.models.roberta import RobertaHubInterface
-from inprocess import fairseq_fixed
 from inprocess import run_in_process as run  # fairseq's tools in this process (tests/inprocess.py)
 
 from realformer_nmt.models.realformer_bert import RealFormerBertModel
 
 # fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
 pytestmark = pytest.mark.usefixtures("fairseq_fixes")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fairseq_fixes():
-    """This module loads checkpoints in the test process (hub interfaces, checkpoint_utils):
-    with the fixes a launched fairseq command gets (safe loading on torch >= 2.6), for its tests only."""
-    with fairseq_fixed():
-        yield
 
 
 def labelled_sentences(n_train=96, n_valid=32):
@@ -124,7 +115,6 @@ def regressor(labelled, pretrained, tmp_path_factory):
 def _hub(save_dir, data_dir, spm_model):
     hub = RealFormerBertModel.from_pretrained(
         str(save_dir), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(data_dir),
-
         bpe="sentencepiece", sentencepiece_model=str(spm_model),
     )
     return hub.eval()  # as for RoBERTa: the hub model starts in training mode (dropout on)

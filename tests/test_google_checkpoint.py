@@ -24,7 +24,7 @@ import torch
 from bert_helpers import USER_DIR
 from conftest import REPO, cli_env
 from fairseq import checkpoint_utils
-from inprocess import fairseq_fixed, run_in_process
+from inprocess import run_in_process
 
 from realformer_nmt.errors import CheckpointFileError, ConfigError
 from realformer_nmt.models.realformer_bert import RealFormerBertModel
@@ -43,12 +43,8 @@ BERT_TO_FAIRSEQ = {"[CLS]": "<s>", "[PAD]": "<pad>", "[SEP]": "</s>", "[UNK]": "
 ATOL = 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fairseq_fixes():
-    """This module loads checkpoints in the test process (hub interfaces, checkpoint_utils):
-    with the fixes a launched fairseq command gets (safe loading on torch >= 2.6), for its tests only."""
-    with fairseq_fixed():
-        yield
+# fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
+pytestmark = pytest.mark.usefixtures("fairseq_fixes")
 
 
 def model_variables():
