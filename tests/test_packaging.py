@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 from conftest import BIN, REPO
 
+# fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
+pytestmark = pytest.mark.usefixtures("fairseq_fixes")
+
 # the rule the test wheel ships (the package's kernel_rule.json, replaced in the copy the wheel
 # is built from, so that the test knows what the package must hold)
 PACKAGED_RULE = {"device": "packaging test GPU", "dtype": "float16",
@@ -149,8 +152,6 @@ class Keep(logging.Handler):
 import torch
 import realformer_nmt.modules.residual_attention as ra
 
-# fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
-pytestmark = pytest.mark.usefixtures("fairseq_fixes")
 logger = logging.getLogger(ra.__name__)
 logger.addHandler(Keep()); logger.setLevel(logging.INFO)
 out = {"module": ra.__file__, "steps": []}

@@ -68,6 +68,9 @@ from realformer_tools import fairseq_fixes as fairseq_patches
 from realformer_tools.fairseq_fixes import atomic_checkpoint_copies as atomic_checkpoints
 from realformer_tools.fairseq_fixes import safe_checkpoint_loading
 
+# fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
+pytestmark = pytest.mark.usefixtures("fairseq_fixes")
+
 MAX_UPDATE = 40
 # Bigger than TINY_FLAGS' model (8 MB checkpoints) and one sentence per update, so that
 # a good part of each cycle is spent writing checkpoints; validation in one batch.
@@ -480,12 +483,11 @@ def test_residual_mode_changes_the_losses(determinism_runs):
 # ending and the process aborts; a fix must end the thread before finalization.
 _EXIT_MID_EPOCH = """
 import os, sys, threading, time, torch
-if sys.argv[1] == "plugin":
-    import realformer_nmt  # noqa: F401
+if sys.argv[1] == "fixes":  # the fixes to fairseq, as the launcher installs them (batch_thread_exit)
+    from realformer_tools.fairseq_fixes import install_for_good
+    install_for_good()
 from fairseq.data.iterators import BufferedIterator
 
-# fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
-pytestmark = pytest.mark.usefixtures("fairseq_fixes")
 
 
 in_op, op_done = threading.Event(), threading.Event()
@@ -538,8 +540,8 @@ def test_fairseq_alone_aborts_when_exiting_mid_epoch():
     assert "terminate called without an active exception" in proc.stderr
 
 
-def test_plugin_exits_cleanly_mid_epoch():
-    proc = _exit_mid_epoch("plugin")
+def test_the_fixes_exit_cleanly_mid_epoch():
+    proc = _exit_mid_epoch("fixes")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "done"
     assert "terminate called" not in proc.stderr
