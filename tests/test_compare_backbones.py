@@ -18,6 +18,7 @@ import time
 
 import pytest
 import sacrebleu
+from cli_helpers import command
 from conftest import BIN, MULTI30K, REPO, USER_DIR, cli_env, require_shared_data
 
 from realformer_nmt.errors import ConfigError
@@ -326,7 +327,7 @@ def test_eval_bleu_selects_checkpoint_best_by_bleu(tmp_path):
                     "--trainpref", pieces / "train", "--validpref", pieces / "valid", "--destdir", data,
                     "--joined-dictionary", "--workers", "1"], check=True, capture_output=True, env=cli_env())
     proc = subprocess.run(
-        [str(BIN / "fairseq-train"), data, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
+        command("fairseq-train", data, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
          *compare.Recipe(**TINY_SIZE).model_flags(), "--optimizer", "adam", "--lr", "3e-3",
          "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "20", "--max-tokens", "1000",
          "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.0",
@@ -334,7 +335,7 @@ def test_eval_bleu_selects_checkpoint_best_by_bleu(tmp_path):
          "--validate-interval", "1000", "--save-interval", "1000",  # only every 25 updates, not per epoch
          "--keep-interval-updates", "1", "--no-epoch-checkpoints", "--cpu", "--seed", "1",
          "--log-format", "simple", "--log-interval", "25", "--save-dir", save,
-         *compare.eval_bleu_flags(beam=1)],
+         *compare.eval_bleu_flags(beam=1), data_fixes=True),
         capture_output=True, text=True, env=cli_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = fairseq_runs.parse_log(proc.stdout.splitlines())["valid"]

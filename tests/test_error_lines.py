@@ -7,15 +7,15 @@ import shutil
 import subprocess
 
 import pytest
-from cli_helpers import TINY_FLAGS, binarize
-from conftest import BIN, USER_DIR, cli_env
+from cli_helpers import TINY_FLAGS, binarize, command
+from conftest import USER_DIR, cli_env
 
 from realformer_tools.fairseq_fixes.checkpoint_errors import first_sentence as _first_sentence
 
 
 def run_cli(tool, *args):
     env = dict(cli_env(), PYTHONWARNINGS="ignore")
-    return subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True,
+    return subprocess.run(command(tool, *args), capture_output=True, text=True,  # through the launcher
                           env=env, timeout=600)
 
 

@@ -19,9 +19,10 @@ import zipfile
 import numpy as np
 import pytest
 import torch
+from cli_helpers import command
 from conftest import BIN, REPO, USER_DIR, cli_env, trains
 
-import realformer_nmt  # noqa: F401  (with REALFORMER_NMT_FAIRSEQ_FIXES=1, tests/conftest.py: wraps the loader)
+import realformer_nmt  # noqa: F401  (the fixes: the fairseq_fixes fixture, below)
 from realformer_nmt.errors import CheckpointFileError, UnsafeCheckpointError
 from realformer_tools.fairseq_fixes import safe_checkpoint_loading as checkpoint_safety
 from realformer_tools.fairseq_fixes.safe_checkpoint_loading import (
@@ -64,7 +65,7 @@ class _Cli:
         env = {k: v for k, v in cli_env().items() if not k.startswith("TORCH_FORCE_")}
         env.update(env_extra or {})
         self.proc = subprocess.Popen(
-            [_cli(name), *map(str, args)], cwd=cwd, env=env,
+            command(name, *args), cwd=cwd, env=env,  # through the launcher: the fixes to fairseq
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
 

@@ -38,7 +38,7 @@ Kills at any moment, including during checkpoint saves, must leave a loadable
 ``checkpoint_last.pt``: fairseq renames its first checkpoint into place atomically but
 copies it onto ``checkpoint_last.pt``/``checkpoint_best.pt`` in place;
 ``realformer_tools.fairseq_fixes.atomic_checkpoint_copies`` (one of the fixes
-``REALFORMER_NMT_FAIRSEQ_FIXES=1`` installs; the suite runs with it) makes those copies
+the launcher installs; these runs go through it) makes those copies
 atomic. The copy is killed at a known moment through a test-only ``sitecustomize``
 (``tests/pause_copy``: the copy announces itself in the log and waits); the kill times of
 the other tests come from seeded random generators.
@@ -57,8 +57,8 @@ import time
 
 import pytest
 import torch
-from cli_helpers import TINY_FLAGS
-from conftest import BIN, USER_DIR, cli_env, trains
+from cli_helpers import TINY_FLAGS, command
+from conftest import USER_DIR, cli_env, trains
 from fairseq import file_io
 from fairseq.file_io import PathManager
 from pause_copy.sitecustomize import FOLDER as PAUSE_FOLDER
@@ -87,11 +87,9 @@ LOADED = re.compile(r"Loaded checkpoint (\S+) \(epoch (\d+) @ (\d+) updates\)")
 
 
 def train_cmd(data_bin, save_dir, *extra):
-    return [
-        str(BIN / "fairseq-train"), str(data_bin), "--user-dir", USER_DIR,
-        "--arch", "realformer_transformer", "--save-dir", str(save_dir),
-        *RESUME_FLAGS, *map(str, extra),
-    ]
+    """fairseq-train through the launcher with its data fixes (the resumed batches of resume_batches)."""
+    return command("fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
+                   "--save-dir", save_dir, *RESUME_FLAGS, *extra, data_fixes=True)
 
 
 def start(cmd, log_path, env=None):
@@ -422,13 +420,13 @@ def determinism_runs(data_bin, tmp_path_factory):
     procs = {}
     for name, (mode, seed) in DETERMINISM_RUNS.items():
         save = tmp_path_factory.mktemp(name)
-        cmd = [
-            str(BIN / "fairseq-train"), str(data_bin), "--user-dir", USER_DIR,
+        cmd = command(
+            "fairseq-train", data_bin, "--user-dir", USER_DIR,
             "--arch", "realformer_transformer", "--residual-attention-mode", mode,
             *TINY_FLAGS, "--seed", seed, "--max-tokens", 300, "--max-update", 10,
             "--log-interval", 1, "--log-format", "json", "--disable-validation",
-            "--save-dir", save,
-        ]
+            "--save-dir", save, data_fixes=True,
+        )
         procs[name] = (save, start([str(c) for c in cmd], save / "train.log"))
     results = {}
     for name, (save, proc) in procs.items():
