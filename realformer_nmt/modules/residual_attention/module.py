@@ -66,21 +66,14 @@ def share_kernel_notes(model) -> KernelNotes:
 
 
 class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, MultiheadAttention):
-    """fairseq ``MultiheadAttention`` that threads RealFormer's residual scores.
+    """fairseq ``MultiheadAttention`` that threads RealFormer's residual scores; its
+    parameters and incremental-state buffers are fairseq's own (vanilla checkpoints load).
 
-    Parameters and incremental-state buffers are fairseq's own (``q_proj``,
-    ``k_proj``, ``v_proj``, ``out_proj``; ``prev_key``/``prev_value``), so vanilla
-    transformer checkpoints load unchanged.
-
-    Args (beyond fairseq's):
-        residual: this module is on a residual path: it adds the previous layer's
-            running sum and returns its own. Off, it is exactly fairseq's module (same
-            kernels, fused where fairseq fuses) and leaves a ``None`` state.
-        mode: ``"sum"`` or ``"mean"`` (divide the sum by the number of layers in it
-            before the softmax; the undivided sum is still what is passed on).
-        kernel: ``"auto"``, ``"materialized"``, ``"bias"`` or ``"triton"`` (see
-            the package docstring); each kernel is a class of its own file, mixed in here.
-    """
+    ``residual``: on a residual path (adds the previous layer's running sum, leaves its
+    own); off, exactly fairseq's module. ``mode``: ``"sum"`` or ``"mean"`` (the sum divided
+    by the number of layers in it before the softmax; the undivided sum is passed on).
+    ``kernel``: ``"auto"``, ``"materialized"``, ``"bias"`` or ``"triton"`` (the package
+    docstring), each a class of its own file, mixed in here."""
 
     def __init__(self, *args, residual: bool = False, mode: str = "sum", kernel: str = "auto", **kwargs):
         super().__init__(*args, **kwargs)
@@ -121,27 +114,16 @@ class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, M
         residual_path: Optional[ResidualPath] = None,
         mask_facts: Optional[MaskFacts] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Input ``T x B x C`` as in fairseq; returns fairseq's ``(output, weights)``.
+        """Input ``T x B x C``; returns fairseq's ``(output [T, B, C], weights)`` (weights as
+        fairseq's: ``[B, T, S]``, ``[H, B, T, S]`` with ``need_head_weights``, None unless asked).
 
-        Args:
-            key_padding_mask: ``[B, S]``, True at padded keys. It covers *all*
-                keys, cached ones included, also in incremental decoding.
-            attn_mask: additive ``[T, S]`` mask (e.g. the causal mask).
-            residual_path: the caller's :class:`ResidualPath`: its ``state`` is the
-                previous layer's :class:`ResidualState` on this path (``None`` for the
-                first layer; in cached decoding its scores are the current step's rows
-                only), and this layer's after the call (``None`` off a residual path).
-                Without it, a module on a residual path computes as a first layer and
-                its state is dropped.
-            mask_facts: the :class:`MaskFacts` of ``key_padding_mask`` and ``attn_mask``,
-                established once per forward by whoever built them (the SDPA and triton
-                kernels branch on them); None: established here when a kernel needs them.
-
-        Returns:
-            output ``[T, B, C]``; weights as fairseq's (``[B, T, S]`` averaged over
-            heads, or ``[H, B, T, S]`` with ``need_head_weights``; ``None`` unless
-            requested).
-        """
+        ``key_padding_mask``: ``[B, S]``, True at padded keys, covering *all* keys, cached
+        ones included. ``residual_path``: the caller's :class:`ResidualPath`, whose ``state``
+        is the previous layer's :class:`ResidualState` (None for the first layer; in cached
+        decoding the current step's rows) and this layer's after the call (None off a
+        residual path); without it the module computes as a first layer and drops its
+        state. ``mask_facts``: the :class:`MaskFacts` of the masks, established once per
+        forward by whoever built them (None: here, when a kernel needs them)."""
         prev_state = residual_path.state if residual_path is not None else None
         if not self.residual:
             if prev_state is not None:
