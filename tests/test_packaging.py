@@ -3,8 +3,7 @@
 directory outside it. Its console commands answer ``--help``, ``realformer-nmt-user-dir``
 names the installed plugin, ``fairseq-train --user-dir <that>`` trains, and the CUDA rule of
 ``--residual-attention-kernel auto`` is read from the package alone (issues 48 and 51: no
-environment variable, user cache or ``results/`` folder changes it; a program may override
-it with ``use_cuda_kernel_rule``)."""
+environment variable, user cache or ``results/`` folder changes it)."""
 
 import configparser
 import json
