@@ -24,6 +24,9 @@ from realformer_nmt.errors import CheckpointFileError, DataError
 from realformer_tools.experiments import attention_analysis as aa
 
 SCRIPT = str(REPO / "scripts" / "analyze_attention.py")
+
+# fairseq's own checkpoint loaders run in this process (the analysis loads checkpoints): with the fixes
+pytestmark = pytest.mark.usefixtures("fairseq_fixes")
 LN2 = math.log(2)
 # the error bound the analysis promises for every streamed median and quartile (in its
 # JSON, summary and docs): stated here, not read from the code under test

@@ -23,6 +23,16 @@ from inprocess import run_in_process
 from realformer_tools.fairseq_fixes import cpu_bf16
 
 
+@pytest.fixture(scope="module", autouse=True)
+def cpu_bf16_fix():
+    """The fix under test, as the launcher's ``--cpu-bf16`` installs it (with the always-on
+    fixes: checkpoints load on torch >= 2.6), for this module's tests only."""
+    from realformer_tools.launch import fixes_installed
+
+    with fixes_installed(cpu_bf16=True, quiet=True, ranks=False):
+        yield
+
+
 def inference_cfg(*flags):
     parser = options.get_generation_parser()
     args = options.parse_args_and_arch(parser, input_args=["/nonexistent", "--path", "x.pt", *flags])
