@@ -16,8 +16,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
-from cli_helpers import load_checkpoint, write_reversal_corpus
-from conftest import BIN, cli_env
+from cli_helpers import command, load_checkpoint, write_reversal_corpus
+from conftest import cli_env
 from fairseq import options
 from fairseq_cli import generate, interactive, preprocess, train
 from inprocess import checkout_launcher
@@ -115,9 +115,10 @@ def fixes(tool):
 
 
 def cli(tool, argv, stdin=b"", check=True, env=None):
-    """Run the real ``fairseq-<tool>`` console script; ``stdin`` is bytes, passed as is."""
+    """Run ``fairseq-<tool>`` in its own process through the launcher (``cli_helpers.command``:
+    the fixes to fairseq, as ``realformer-fairseq fairseq-<tool> ...``); ``stdin`` is bytes, passed as is."""
     proc = subprocess.run(
-        [str(BIN / f"fairseq-{tool}"), *map(str, argv)], input=stdin, capture_output=True,
+        command(f"fairseq-{tool}", *argv), input=stdin, capture_output=True,
         env={**cli_env(), **(env or {})}, timeout=600,
     )
     out, err = proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")

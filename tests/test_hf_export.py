@@ -54,6 +54,9 @@ from realformer_tools.hf import modeling as hf_files  # noqa: E402
 ATOL = 1e-5
 SCRIPT = REPO / "scripts" / "export_hf.py"
 
+# fairseq's own checkpoint loaders run in this process (hub interfaces, the export): with the fixes
+pytestmark = pytest.mark.usefixtures("fairseq_fixes")
+
 
 def export_cli(*args, check=True):
     """The script's main in this process (tests/inprocess.py: stdout, stderr and exit status as a
