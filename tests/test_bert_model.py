@@ -141,9 +141,12 @@ def test_flags_are_registered_and_validated_by_argparse(capsys):
     assert (args.residual_attention_paths, args.residual_attention_mode) == ("none", "mean")
     paths_help = next(a.help for a in parser._actions if a.dest == "residual_attention_paths")
     assert "encoder (self-attention)" in paths_help and "decoder" not in paths_help
-    # not argparse's SystemExit (which prints the host tool's whole usage first): the
-    # one-line error the CLIs print (tests/test_error_lines.py)
-    with pytest.raises(FlagValueError, match="--residual-attention-paths: unknown path 'sideways'"):
+    # with the launcher's fixes (its one-line error hook), not argparse's SystemExit (which prints
+    # the host tool's whole usage first): the one-line error the CLIs print (tests/test_error_lines.py)
+    from realformer_tools.launch import fixes_installed
+
+    with fixes_installed(quiet=True, ranks=False), \
+            pytest.raises(FlagValueError, match="--residual-attention-paths: unknown path 'sideways'"):
         parser.parse_args(["--residual-attention-paths", "sideways"])
     assert "usage:" not in capsys.readouterr().err
 

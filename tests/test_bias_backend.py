@@ -11,6 +11,7 @@ import contextlib
 import logging
 
 import pytest
+import test_kernels_agree as kernels_agree
 import torch
 import torch.nn.attention as attention
 import torch.nn.functional as F
@@ -86,7 +87,6 @@ def test_bias_sdpa_without_a_mask_gradient_is_not_restricted(monkeypatch):
 def test_a_refusing_backend_makes_the_call_materialized_with_every_gradient_logged_once(monkeypatch, caplog, mode):
     # the memory-efficient backend refuses every call on CPU: a backend that refuses
     monkeypatch.setattr(ra.sdpa_probe, "mask_grad_backends", lambda device: [SDPBackend.EFFICIENT_ATTENTION])
-    monkeypatch.setattr(ra.bias, "_LOGGED_FALLBACKS", set())
     ran = []
     real = ra.ResidualMultiheadAttention._materialized_forward
 
@@ -97,12 +97,23 @@ def test_a_refusing_backend_makes_the_call_materialized_with_every_gradient_logg
     monkeypatch.setattr(ra.ResidualMultiheadAttention, "_materialized_forward", materialized)
     pad, attn_mask = masks("causal+left")
     x = torch.randn(T, B, C, generator=torch.Generator().manual_seed(7))
+    notes = ra.KernelNotes()  # one model's notes, for both calls' layers (share_kernel_notes)
+    real_stack = kernels_agree.stack
+
+    def one_model(*args, **kwargs):
+        mods = real_stack(*args, **kwargs)
+        for m in mods:
+            m.notes = notes
+        return mods
+
+    monkeypatch.setattr(kernels_agree, "stack", one_model)
     with caplog.at_level(logging.WARNING, logger=ra.__name__):
         outs, total, xgrad, grads = forward_backward("bias", mode, pad, attn_mask, x)
         forward_backward("bias", mode, pad, attn_mask, x)
     assert len(ran) == 6  # layers 2-4, twice: every refused call ran materialized
     fallbacks = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    assert len(fallbacks) == 1 and "EFFICIENT_ATTENTION" in fallbacks[0]
+    # said once per model (its three refusing layers, twice: one line), as a fairseq model shares its notes
+    assert len(fallbacks) == 1 and "EFFICIENT_ATTENTION" in fallbacks[0], fallbacks
     ran.clear()
     want, want_total, want_xgrad, want_grads = forward_backward("materialized", mode, pad, attn_mask, x)
     assert (outs - want).abs().max() < 1e-5 and (total - want_total).abs().max() < 1e-4
