@@ -11,7 +11,20 @@ import numpy as np
 import torch
 
 from realformer_nmt.errors import ConfigError
-from realformer_nmt.models.realformer_bert.model import BERT_LAYER_NAMES, GOOGLE_NSP_HEAD
+from realformer_nmt.models.realformer_bert.model import GOOGLE_NSP_HEAD
+
+# One encoder layer's parameters: BERT's name (Google's TF checkpoints spell it with "/",
+# Hugging Face's with "."), fairseq's name, and whether it is a linear or a layer norm.
+BERT_LAYER_NAMES = (
+    ("attention/self/query", "self_attn.q_proj", "linear"),
+    ("attention/self/key", "self_attn.k_proj", "linear"),
+    ("attention/self/value", "self_attn.v_proj", "linear"),
+    ("attention/output/dense", "self_attn.out_proj", "linear"),
+    ("attention/output/LayerNorm", "self_attn_layer_norm", "norm"),
+    ("intermediate/dense", "fc1", "linear"),
+    ("output/dense", "fc2", "linear"),
+    ("output/LayerNorm", "final_layer_norm", "norm"),
+)
 
 VOCAB_FILE = "vocab.txt"
 

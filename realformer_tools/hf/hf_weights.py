@@ -17,7 +17,9 @@ from typing import Dict, List, Optional
 import torch
 
 from realformer_nmt.errors import ConfigError
-from realformer_nmt.models.realformer_bert.model import BERT_LAYER_NAMES, GOOGLE_NSP_HEAD
+from realformer_nmt.models.realformer_bert.model import GOOGLE_NSP_HEAD
+
+from ..convert.google_mapping import BERT_LAYER_NAMES
 
 NSP_HEAD = GOOGLE_NSP_HEAD  # fairseq's pre-training head; also where converted Google checkpoints keep it
 ACTIVATIONS = {"gelu": "gelu", "gelu_accurate": "gelu_new", "gelu_fast": "gelu_new", "relu": "relu",

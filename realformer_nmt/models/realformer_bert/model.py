@@ -35,18 +35,6 @@ logger = logging.getLogger(__name__)
 PATHS = ("encoder",)  # an encoder-only model has one attention path
 GOOGLE_NSP_HEAD = "next_sentence"  # where converted Google checkpoints keep BERT's pooler + NSP classifier
 MEAN_ABOVE_LAYERS = 24  # deeper stacks default to the running mean (paper, xLarge)
-# One encoder layer's parameters: BERT's name (Google's TF checkpoints spell it with "/",
-# Hugging Face's with "."), fairseq's name, and whether it is a linear or a layer norm.
-BERT_LAYER_NAMES = (
-    ("attention/self/query", "self_attn.q_proj", "linear"),
-    ("attention/self/key", "self_attn.k_proj", "linear"),
-    ("attention/self/value", "self_attn.v_proj", "linear"),
-    ("attention/output/dense", "self_attn.out_proj", "linear"),
-    ("attention/output/LayerNorm", "self_attn_layer_norm", "norm"),
-    ("intermediate/dense", "fc1", "linear"),
-    ("output/dense", "fc2", "linear"),
-    ("output/LayerNorm", "final_layer_norm", "norm"),
-)
 
 
 @register_model("realformer_bert")
