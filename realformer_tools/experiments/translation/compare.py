@@ -11,6 +11,7 @@ from realformer_nmt.errors import ConfigError
 
 from .. import fairseq_runs
 from .figures import COLORS, curve_over_seeds, paired_curves, pyplot
+from .intervals import corrected_interval, rerun_seeds
 from .recipe import BACKBONES, MAIN_ORDER, corpus_info, test_references
 from .report import (
     SEED_PAIRED_NOTE,
@@ -39,9 +40,7 @@ from .stats import (
     PAIRED_TEST_NOTE,
     add_seed_paired,
     add_test_set_paired,
-    corrected_interval,
     paired_vs,
-    rerun_seeds,
     summarize_backbone,
     test_set_entries,
 )

@@ -142,28 +142,6 @@ def over_seeds(seeds, per_seed, digits=2):
     return out
 
 
-def corrected_interval(record, comparisons):
-    """The 95% interval of a seed-paired ``record`` (its exact ``per_seed``) widened for
-    ``comparisons`` tests of one family (Bonferroni: each at 0.05 / comparisons), as
-    ``[low, high]`` unrounded; None with fewer than 3 seeds. One comparison: ``ci95`` itself."""
-    per_seed = (record or {}).get("per_seed") or []
-    if len(per_seed) < 3:
-        return None
-    from scipy.stats import t
-
-    half = float(t.ppf(1 - 0.025 / comparisons, len(per_seed) - 1)) * statistics.stdev(per_seed) / len(per_seed) ** 0.5
-    mean = statistics.mean(per_seed)
-    return [mean - half, mean + half]
-
-
-def rerun_seeds(summary, backbones):
-    """The seeds whose run of any of ``backbones`` in ``summary`` is a rerun that did not
-    reproduce its committed run (``reproducibility``: trained again, another BLEU)."""
-    runs = (summary.get("reproducibility") or {}).get("runs") or []
-    return sorted({r["seed"] for r in runs if r.get("backbone") in backbones and r.get("committed_in")
-                   and r.get("bleu_equal") is False})
-
-
 def over_test_sets(records, digits=2):
     """Per seed, the mean of its seed-paired differences on every test set of ``records``
     (``{name: seed_paired record}``; only seeds paired on all of them), then ``over_seeds``:

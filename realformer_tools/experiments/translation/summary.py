@@ -33,8 +33,8 @@ import json
 import os
 
 from .figures import pyplot
+from .intervals import corrected_interval, rerun_seeds
 from .recipe import MAIN_ORDER
-from .stats import corrected_interval, rerun_seeds
 
 COMPARISONS = (("realformer", "seed_paired_vs_postln", "RealFormer − Post-LN"),
                ("realformer_preln", "seed_paired_vs_preln", "RealFormer on Pre-LN − Pre-LN"))
