@@ -338,24 +338,6 @@ def test_cuda_auto_rule_comes_from_the_package_not_the_environment(packaged_text
     assert ra.cuda_kernel_rule() == {"first_layer": "materialized", "later_layers": "materialized"}
 
 
-def test_the_packaged_rule_is_the_one_measured_on_the_h100():
-    """The file shipped in the package is the rule derived from the committed H100 speed
-    table (results/gpu/h100-2026-11-27/kernel_rule.json, rederived here)."""
-    import json
-    from pathlib import Path
-
-    from realformer_tools.experiments.gpu_check.rule import rule_from_speed
-
-    ra.choice._read_packaged_rule.cache_clear()
-    packaged = json.loads(Path(ra.PACKAGED_KERNEL_RULE).read_text())
-    results = Path(__file__).resolve().parent.parent / "results" / "gpu" / "h100-2026-11-27"
-    speed = json.loads((results / "speed_float16.json").read_text())
-    derived = rule_from_speed(speed, "results/gpu/h100-2026-11-27/speed_float16.json", auto_ran="bias")
-    assert packaged["rule"] == derived["rule"] == {"first_layer": "bias", "later_layers": "bias"}
-    assert packaged == json.loads((results / "kernel_rule.json").read_text())
-    assert ra.choice._read_packaged_rule()[0] == packaged["rule"]
-
-
 def test_no_cuda_means_no_fused_bias_backend():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
