@@ -432,10 +432,16 @@ def markdown_table(result):
     lines = ["| size | tokens/batch | T | dtype | variant | train tok/s | x vanilla: median (range), rounds "
              "| GPU busy | peak MiB | x vanilla | saved MiB | beam sent/s | x vanilla |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    older = False  # a result written before the per-round range was stored: its ratio is of the medians
     for c in result["configs"]:
         for v, r in c["variants"].items():
-            ratio = (f"{_f(r.get('train_speed_ratio'))} ({_f(r.get('train_speed_low'))}-"
-                     f"{_f(r.get('train_speed_high'))}), {c.get('rounds', len(r['train_step_seconds_all']))}")
+            low, high = r.get("train_speed_low"), r.get("train_speed_high")
+            if low is None and r.get("train_speed_ratio") is not None and "vanilla" in c["variants"]:
+                older, ratios = True, per_round_ratios(c, v)  # the range from its per-round step times
+                low, high = (min(ratios), max(ratios)) if ratios else (None, None)
+            spread = "" if low is None else f" ({_f(low)}-{_f(high)})"
+            ratio = (f"{_f(r.get('train_speed_ratio'))}{spread}, "
+                     f"{c.get('rounds', len(r['train_step_seconds_all']))}")
             busy = "-" if r.get("gpu_busy_fraction") is None else f"{100 * r['gpu_busy_fraction']:.0f}%"
             tokens, dtype = c.get("tokens_per_batch") or c.get("train_tokens"), c.get("dtype", result.get("dtype"))
             lines.append(f"| {c['size']} | {tokens} | {c['length']} | {dtype} | {v} | "
@@ -446,6 +452,9 @@ def markdown_table(result):
     notes = [f"- {c['size']}, {c['tokens_per_batch']} tokens, T = {c['length']}, {c['dtype']}: host-bound (GPU busy "
              f"{100 * c['gpu_busy_min']:.0f}% of a step at least once, below {100 * GPU_BOUND:.0f}%): it does not rank "
              "kernels" for c in result["configs"] if c.get("host_bound")]
+    if older:
+        notes.append("- x vanilla: vanilla's median step time over this variant's (this run predates the median of "
+                     "the per-round ratios); the range is of the per-round ratios")
     notes += [f"- not run (deadline): {' '.join(map(str, k))}" for k in result.get("not_run", [])]
     for p in result.get("first_pass", []):
         notes.append(f"- first pass over {len(p['lengths'])} new lengths ({p['size']}, {p['dtype']}, "
