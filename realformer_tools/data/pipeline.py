@@ -6,7 +6,6 @@ corpus; this module knows no corpus (the corpus modules build on it, never the r
 
 import gzip
 import os
-import subprocess
 import sys
 
 from realformer_nmt.errors import DataError  # noqa: F401  (raised here; pipeline.DataError for callers)
@@ -111,7 +110,7 @@ def encode_files(model_path, raw_dir, out_dir, splits=SPLITS, langs=LANGS):
 
 
 def binarize(spm_dir, dest_dir, src="en", tgt="de", joined_dictionary=True, workers=1):
-    """Run ``fairseq-preprocess`` (same interpreter) on ``{train,valid,test}.spm.*``."""
+    """Run ``fairseq-preprocess`` (in this process) on ``{train,valid,test}.spm.*``."""
     cmd = [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt,
            "--destdir", dest_dir, "--workers", str(workers)]
     for split, flag in zip(SPLITS, ("--trainpref", "--validpref", "--testpref")):
@@ -164,15 +163,65 @@ def binarize_with_dictionaries(spm_dir, dest_dir, splits, src="en", tgt="de"):
 
 
 def fairseq_preprocess(*args):
-    """Run ``fairseq-preprocess`` (same interpreter) with ``args``; DataError on failure."""
+    """Run ``fairseq-preprocess`` with ``args``; DataError on failure."""
     _run_preprocess([sys.executable, "-m", "fairseq_cli.preprocess", *map(str, args)])
 
 
 def _run_preprocess(cmd):
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise DataError(f"fairseq-preprocess failed (exit {proc.returncode}):\n{tail}")
+    """``fairseq_cli.preprocess`` with ``cmd``'s arguments (after ``-m fairseq_cli.preprocess``) in
+    this process, as its own process would run it: ``sys.argv`` set, its log (INFO, also its
+    ``preprocess.log``) and anything it prints kept out of this process's streams, every logger
+    as it was afterwards. A failure (its exit status or an exception) is a DataError whose
+    message ends with the last 15 lines it wrote."""
+    import contextlib
+    import io
+    import logging
+    import traceback
+
+    args = [str(a) for a in cmd[cmd.index("fairseq_cli.preprocess") + 1:]]
+    root = logging.getLogger()
+    saved_root = list(root.handlers), root.level
+    guard = logging.NullHandler()
+    root.addHandler(guard)  # importing fairseq must not configure this process's root logger
+    try:
+        from fairseq import options
+        from fairseq_cli import preprocess
+    finally:
+        root.removeHandler(guard)
+    own = logging.getLogger("fairseq_cli.preprocess")
+    saved_own = own.level, list(own.handlers), own.propagate
+    text = io.StringIO()
+    handler = logging.StreamHandler(text)
+    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
+    saved_argv, code = list(sys.argv), 0
+    try:
+        sys.argv[:] = [os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess"), *args]
+        root.handlers[:] = [handler]  # fairseq's other loggers, as its process's stdout
+        root.setLevel(logging.INFO)
+        own.setLevel(logging.INFO)
+        with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+            try:
+                preprocess.main(options.get_preprocessing_parser().parse_args(args))
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                if not isinstance(e.code, (int, type(None))):
+                    print(e.code, file=text)
+            except Exception:
+                traceback.print_exc(file=text)
+                code = 1
+    finally:
+        sys.argv[:] = saved_argv
+        for added in own.handlers:
+            if added not in saved_own[1]:
+                added.close()  # main adds a FileHandler for <destdir>/preprocess.log on every call
+        own.setLevel(saved_own[0])
+        own.handlers[:], own.propagate = saved_own[1], saved_own[2]
+        handler.close()
+        root.handlers[:] = saved_root[0]
+        root.setLevel(saved_root[1])
+    if code != 0:
+        tail = "\n".join(text.getvalue().strip().splitlines()[-15:])
+        raise DataError(f"fairseq-preprocess failed (exit {code}):\n{tail}")
 
 
 def dictionary_size(path, extra=0):
