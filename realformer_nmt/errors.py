@@ -1,10 +1,5 @@
-"""Errors that the command-line tools report as one sentence, not a traceback.
-
-Library callers (hub interface, tests) get an ordinary exception. The project's commands,
-and fairseq commands run through the tools' launcher (``realformer-fairseq``), print it as
-one line, ``realformer_nmt: error: <message>`` (exit status 1). In a plain fairseq command
-Python prints its traceback, whose last line is the same message.
-"""
+"""Errors that the command-line tools report as one sentence, not a traceback (the launcher's
+one-line hook prints ``realformer_nmt: error: <message>``); library callers get an exception."""
 
 import sys
 
@@ -18,12 +13,8 @@ class ConfigError(RealFormerError, ValueError):
 
 
 class FlagValueError(RealFormerError):
-    """A plugin flag's value that argparse cannot accept. Raised from the flag's ``type``
-    function and deliberately not a ``ValueError``: argparse would catch that and print the
-    host tool's whole usage (about 175 lines for fairseq-train) before its one-line error;
-    this one reaches the hook below and is the only line printed (exit status 1). Raised
-    only while such a hook is installed (:func:`one_line_errors`); without it the flag gets
-    argparse's own error, as any fairseq flag does."""
+    """A plugin flag's value that argparse cannot accept; not a ``ValueError``, so argparse lets it
+    through to the one-line hook (raised only while one is installed: :func:`one_line_errors`)."""
 
 
 class UnsafeCheckpointError(RealFormerError):

@@ -1,8 +1,5 @@
-"""The RealFormer flags: which attention paths are residual, sum or mean, and the kernel.
-
-Values stay plain strings in args/checkpoints (``"encoder,decoder,cross"``, ``"sum"``)
-so checkpoints hold nothing but builtins; modules parse them with ``resolve``.
-"""
+"""The RealFormer flags: which attention paths are residual, sum or mean, and the kernel (plain
+strings in args and checkpoints, parsed with ``resolve``)."""
 
 import argparse
 import logging
@@ -76,11 +73,7 @@ def parse_kernel(value) -> str:
 
 
 def resolve(cfg, available=PATHS) -> ResidualSettings:
-    """Validated settings from a model config or args namespace.
-
-    ``available``: the paths the model has (``("encoder",)`` for an encoder-only model).
-    A path on an attention the model does not have is an error, not a silent no-op.
-    """
+    """Validated settings from a model config or args namespace; ``available``: the model's paths."""
     paths = parse_paths(getattr(cfg, "residual_attention_paths", None) or ",".join(available))
     mode = parse_mode(getattr(cfg, "residual_attention_mode", None) or DEFAULT_MODE)
     kernel = parse_kernel(getattr(cfg, "residual_attention_kernel", None) or DEFAULT_KERNEL)
@@ -118,19 +111,14 @@ CHECKPOINT_NOTE = "realformer_residual_attention"
 
 
 def note_settings(model, state_dict, prefix, local_metadata):
-    """``state_dict`` post-hook of the RealFormer models: notes ``model.residual`` (paths and
-    mode, one plain string) in the state dict's metadata (``state_dict._metadata``, which
-    torch keeps for each module and fairseq saves with the weights), so that the model a
-    checkpoint is loaded into can say what changed (``load_state_dict``). The parameters
-    are fairseq's, so checkpoints still move both ways between ``realformer_*`` and
-    ``transformer`` / ``roberta``."""
+    """``state_dict`` post-hook: notes ``model.residual`` (paths and mode) in the state dict's metadata
+    (docs/internals.md#flags-and-checkpoints)."""
     settings = model.residual
     local_metadata[CHECKPOINT_NOTE] = f"{format_paths(settings.paths)};{settings.mode}"
 
 
 def noted_settings(state_dict) -> Optional[ResidualSettings]:
-    """The settings ``note_settings`` noted in ``state_dict``, or None (a state dict saved by
-    another model, by realformer-nmt before it noted them, or rebuilt without metadata)."""
+    """The settings ``note_settings`` noted in ``state_dict``, or None."""
     metadata = getattr(state_dict, "_metadata", None) or {}
     for local in metadata.values():
         note = local.get(CHECKPOINT_NOTE) if isinstance(local, dict) else None
@@ -156,10 +144,8 @@ def default_paths(args) -> str:
 
 
 def _argparse_type(parse, canonical=lambda v: v):
-    """argparse ``type`` for a plugin flag. With the one-line error hook installed (the
-    fixes to fairseq, ``errors``), a bad value raises ``FlagValueError``, which argparse lets
-    through, so the CLI prints one line naming the flag instead of fairseq's full usage
-    followed by argparse's error; without it, argparse's own error, as for any flag."""
+    """argparse ``type`` for a plugin flag: ``FlagValueError`` under the one-line error hook, else
+    argparse's own error."""
     def convert(value):
         try:
             return canonical(parse(value))
@@ -172,9 +158,8 @@ def _argparse_type(parse, canonical=lambda v: v):
 
 
 def argument_group(parser, title):
-    """``parser.add_argument_group(title)``, or ``parser`` itself when it already is a group:
-    fairseq hands a model's ``add_args`` its "Model-specific configuration" group, and argparse
-    deprecates groups inside groups (their flags are missing from ``--help``)."""
+    """``parser.add_argument_group(title)``, or ``parser`` itself when it already is a group (argparse
+    deprecates groups inside groups)."""
     if isinstance(parser, argparse._ArgumentGroup):
         return parser
     return parser.add_argument_group(title)

@@ -1,10 +1,4 @@
-"""``--criterion masked_lm_acc``: fairseq's ``masked_lm`` loss, plus MLM accuracy.
-
-The loss, its gradient and every logged value of fairseq's criterion are unchanged
-(fairseq's ``forward`` computes them); ``mlm_accuracy`` is added: the percentage of
-masked positions whose highest-scoring token is the original one, summed over the
-log interval on train and over the whole subset on valid (the paper's metric).
-"""
+"""``--criterion masked_lm_acc``: fairseq's ``masked_lm`` loss, unchanged, plus ``mlm_accuracy`` (%)."""
 
 from fairseq import utils
 from fairseq.criterions import register_criterion
@@ -13,12 +7,8 @@ from fairseq.logging import metrics
 
 
 def count_correct(logits, target, padding_idx):
-    """``(n_correct, n_predicted)`` for MLM ``logits`` against ``target`` (pad = not masked).
-
-    ``logits`` is ``[n_masked, V]`` (only masked positions projected, fairseq's default),
-    ``[B, T, V]`` (every position projected: fairseq on CPU when no token is masked) or
-    ``[B * T, V]`` (every position projected, flattened: fairseq on accelerators when no
-    token is masked, where it selects all positions with a ``[B, T]`` all-True mask)."""
+    """``(n_correct, n_predicted)`` for MLM ``logits`` (``[n_masked, V]``, ``[B, T, V]`` or
+    ``[B * T, V]``, as fairseq projects them) against ``target`` (pad = not masked)."""
     masked = target.ne(padding_idx)
     if logits.dim() == target.dim() + 1:
         logits = logits[masked]

@@ -1,14 +1,5 @@
-"""``--criterion masked_lm_nsp``: BERT's masked LM + next-sentence prediction loss.
-
-Loss = (MLM cross-entropy, mean over the masked tokens of the batch)
-     + ``--nsp-loss-weight`` x (NSP cross-entropy, mean over its sentence pairs),
-as in BERT and fairseq's former ``legacy_masked_lm`` criterion (``sample_size`` 1, so
-the gradient is that of the per-batch means). One encoder pass feeds both heads: the
-LM head on the masked positions, the ``next_sentence`` classification head on ``<s>``.
-
-Logged on train and valid: ``loss`` (the sum above, in bits), ``mlm_loss`` and
-``nsp_loss`` (bits per masked token / per pair), ``mlm_accuracy`` and ``nsp_accuracy``
-(percent; counts summed over the log interval, or over the whole valid subset).
+"""``--criterion masked_lm_nsp``: MLM cross-entropy (mean over masked tokens) + ``--nsp-loss-weight``
+x NSP cross-entropy (mean over pairs), as in BERT; logs both losses and accuracies (docs/internals.md#bert).
 """
 
 import math

@@ -1,7 +1,4 @@
-"""fairseq names each dropout module after the class that owns it, and
-``--retain-dropout-modules`` selects them by that name (e.g. ``[MultiheadAttention]``).
-Our subclasses keep fairseq's names, so recipes written for ``transformer`` and
-``roberta`` keep dropout in the same modules."""
+"""Our subclasses keep fairseq's dropout module names, which ``--retain-dropout-modules`` selects by."""
 
 from fairseq.modules import FairseqDropout
 

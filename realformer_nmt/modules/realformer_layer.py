@@ -1,11 +1,6 @@
-"""Transformer layers that thread the residual attention state, and nothing else: fairseq's
-``TransformerEncoderLayerBase`` / ``TransformerDecoderLayerBase`` (sub-modules, parameter
-names, Post-LN/Pre-LN, everything but ``forward``, inherited) whose attention modules are
-:class:`ResidualMultiheadAttention`. ``forward`` is a copy of fairseq's (listed in
-docs/development.md) that takes the previous layer's :class:`ResidualState` per path as an
-argument and returns this layer's (arguments, so that activation checkpointing replays a
-layer with the state it was given).
-"""
+"""fairseq's transformer layers with :class:`ResidualMultiheadAttention`, whose ``forward`` (a copy of
+fairseq's) takes the previous layer's :class:`ResidualState` per path and returns this layer's
+(docs/internals.md#layers-and-loops)."""
 
 import contextlib
 from typing import Dict, List, Optional, Tuple
@@ -34,11 +29,8 @@ def wrap_layer(layer, cfg):
 
 
 def checkpoint_layer(layer, offload_to_cpu=False):
-    """``--checkpoint-activations`` (and ``--offload-activations``) for a layer that takes
-    and returns a :class:`ResidualState`: PyTorch's non-reentrant checkpoint, which keeps the
-    graph through the tensors inside a state (fairseq's ``checkpoint_wrapper`` passes only
-    top-level tensors through autograd: no gradient along the residual path). Like fairseq's
-    it replaces ``forward`` in place and replays it with the same RNG state in backward."""
+    """``--checkpoint-activations`` for a layer that takes and returns a :class:`ResidualState`:
+    PyTorch's non-reentrant checkpoint, which keeps the gradient along the residual path."""
     forward = layer.forward
 
     def checkpointed_forward(*args, **kwargs):
@@ -68,9 +60,7 @@ def build_attention(layer, embed_dim, cfg, heads, xformers_att_config, residual_
 
 
 def feed_forward(layer, x: Tensor) -> Tuple[Tensor, Tensor]:
-    """The position-wise FFN sub-block with its residual and layer norm (fairseq's).
-    Returns ``(x, fc_result)``: ``fc_result`` is ``fc2``'s output before dropout, what
-    fairseq's encoder layer returns with ``return_fc``."""
+    """The FFN sub-block with its residual and layer norm (fairseq's); ``(x, fc2's output before dropout)``."""
     residual = x
     if layer.normalize_before:
         x = layer.final_layer_norm(x)
@@ -89,10 +79,7 @@ def feed_forward(layer, x: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 class RealFormerEncoderLayer(TransformerEncoderLayerBase):
-    """Encoder layer: ``(x, prev_state) -> (x, fc_result, state)`` on the encoder self path.
-
-    ``fc_result``: as fairseq's layer with ``return_fc`` (``fc2``'s output before
-    dropout), None without it."""
+    """Encoder layer: ``(x, prev_state) -> (x, fc_result, state)`` on the encoder self path."""
 
     def __init__(self, cfg, return_fc: bool = False, residual: bool = False, mode: str = "sum",
                  kernel: str = "auto"):
@@ -114,10 +101,7 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
         attn_mask: Optional[Tensor] = None,
         prev_state: Optional[ResidualState] = None,
     ):
-        """``x``: ``[T, B, C]``; ``prev_state``: the previous layer's state or None.
-        Returns ``(x, fc_result, state)``; ``fc_result`` is None unless ``return_fc``,
-        state is None off the residual path. (With padding alone, what the encoder
-        passes, the kernels need no :class:`MaskFacts`.)"""
+        """``x``: ``[T, B, C]``; returns ``(x, fc_result, state)`` (``fc_result`` None unless ``return_fc``)."""
         if attn_mask is not None:
             # fairseq's convention: 1 = masked, turned into a large finite negative
             attn_mask = attn_mask.masked_fill(
@@ -146,13 +130,7 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
 
 
 class RealFormerDecoderLayer(TransformerDecoderLayerBase):
-    """Decoder layer: two paths, ``prev_self_state`` and ``prev_cross_state`` in, this
-    layer's ``self_state`` and ``cross_state`` out.
-
-    With ``--cross-self-attention`` the self-attention keys of every layer are
-    ``[encoder output; decoder prefix]`` (fairseq's rule), the same key set at every
-    layer, so the decoder path's scores line up across layers as usual.
-    """
+    """Decoder layer: ``prev_self_state`` and ``prev_cross_state`` in, ``self_state`` and ``cross_state`` out."""
 
     def __init__(
         self,
@@ -199,13 +177,9 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
         self_mask_facts: Optional[MaskFacts] = None,
         weights_only_if_asked: bool = False,
     ):
-        """As fairseq's decoder layer, plus the two residual paths; returns ``(x, attn,
-        self_attn_state, self_state, cross_state)``. Cross-attention weights come back as
-        from fairseq's layer, or with ``weights_only_if_asked`` only when ``need_attn`` asks
-        (the decoder keeps only its alignment layer's: others would force the materialized
-        kernel). ``self_attn_padding_mask``: ``[B, T]`` over every target position, cached
-        ones included; ``self_mask_facts``: the :class:`MaskFacts` of the self-attention
-        masks (widened with ``--cross-self-attention``), if the decoder established them."""
+        """As fairseq's decoder layer, plus the two residual paths; returns ``(x, attn, self_attn_state,
+        self_state, cross_state)``. ``weights_only_if_asked``: cross-attention weights only when
+        ``need_attn`` asks; ``self_attn_padding_mask``: ``[B, T]``, cached positions included."""
         if need_head_weights:
             need_attn = True
 
@@ -282,10 +256,7 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
 
     def _cross_self_keys(self, x, encoder_out, encoder_padding_mask, incremental_state,
                          self_attn_mask, self_attn_padding_mask):
-        """fairseq's ``--cross-self-attention`` keys ``[encoder output; x]``, masks widened
-        to match. The padding mask covers every key, cached ones included (the decoder
-        always passes the target part with this option); once the cache holds the
-        encoder part, only the new target step is passed as key, as in fairseq."""
+        """fairseq's ``--cross-self-attention`` keys ``[encoder output; x]`` and masks widened to match."""
         assert encoder_out is not None, "--cross-self-attention needs an encoder output"
         assert self_attn_padding_mask is not None, "the decoder passes the target padding mask"
         buffer = self.self_attn._get_input_buffer(incremental_state)
@@ -299,9 +270,7 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
 
 def cross_self_masks(encoder_out: Tensor, encoder_padding_mask: Optional[Tensor], self_attn_mask: Optional[Tensor],
                      self_attn_padding_mask: Tensor):
-    """``(attn_mask, key_padding_mask)`` of ``--cross-self-attention``'s keys
-    ``[encoder output; target]``: the target's masks widened over the encoder positions
-    (padded where the source is, never hidden by ``attn_mask``)."""
+    """``(attn_mask, key_padding_mask)`` of the keys ``[encoder output; target]``: the target's masks widened."""
     enc_pad = encoder_padding_mask
     if enc_pad is None:
         enc_pad = self_attn_padding_mask.new_zeros(encoder_out.size(1), encoder_out.size(0))

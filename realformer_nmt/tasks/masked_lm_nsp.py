@@ -1,18 +1,6 @@
-"""``--task masked_lm_nsp``: BERT's masked LM + next-sentence prediction objective.
-
-fairseq's ``masked_lm`` task (dictionary, ``<mask>``, hub interface, inference) with
-sentence-pair samples instead of token blocks: ``<s> A </s> B </s>``, B the true next
-segment of A's document half of the time, else a segment of another document
-(``next_sentence_pairs``), then BERT's 80/10/10 masking by fairseq's
-``MaskTokensDataset`` on the tokens of A and B: the text of the lines (their own ``</s>``
-is not in a segment); ``<s>`` and the two ``</s>`` separators are never masked. Pairs and
-masks are redrawn every epoch, with or without ``--num-workers``: the datasets say they
-cannot reuse an epoch's batch iterator (``can_reuse_epoch_itr_across_epochs``), so fairseq
-builds each epoch's iterator and DataLoader workers anew. Batches carry ``nsp_target``
-(1 = is next); the model gets a two-class classification head named
-``next_sentence`` (use ``--criterion masked_lm_nsp``).
-
-fairseq's own ``legacy_masked_lm`` task does not run in fairseq 0.12; nothing here uses it.
+"""``--task masked_lm_nsp``: BERT's masked LM + next-sentence prediction objective: fairseq's
+``masked_lm`` task with sentence-pair samples ``<s> A </s> B </s>`` (``next_sentence_pairs``),
+BERT's 80/10/10 masking and ``nsp_target`` labels (docs/internals.md#bert).
 """
 
 import logging

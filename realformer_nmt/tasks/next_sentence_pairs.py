@@ -1,24 +1,5 @@
-"""BERT's sentence pairs for next-sentence prediction, on fairseq's line datasets.
-
-The input is a fairseq indexed dataset of lines (sentences or paragraphs, each ending
-with EOS, as fairseq's binarizer writes them) in which an EOS-only line (an empty line of
-the raw text) separates documents, as ``scripts/prepare_pretraining_data.py`` writes it.
-
-* **Segments** (fixed once): every document is cut into consecutive segments of at most
-  ``segment_size`` tokens of text: a line's own EOS is not part of it (BERT's segments are
-  sentences' tokens run together, with no separator inside). Whole lines are packed
-  greedily, a line longer than that is split into near-equal pieces.
-* **Pairs** (drawn per epoch and index, from ``seed``): the segments of a document are
-  taken two by two, ``(s0, s1), (s2, s3), ...`` (as BERT cuts a chunk into A and B, so an
-  epoch reads every token about once). Item ``i`` has ``A`` = the first of its two, and
-  ``B`` = the second with probability ``next_prob`` (label 1, "is next"), else a segment
-  drawn uniformly from the *other* documents (label 0, "random").
-* :class:`PairWithSpecialsDataset` lays a pair out as ``<s> A </s> B </s>`` (BERT's
-  ``[CLS] A [SEP] B [SEP]``; ``</s>`` is RoBERTa's separator, ``--separator-token 2``),
-  at most ``2 * segment_size + 3`` tokens. Masking (fairseq's ``MaskTokensDataset``)
-  is applied to ``A + B`` before the special tokens go in: every token of the text of A
-  and B may be selected for prediction; ``<s>`` and the two ``</s>`` never are, and no
-  other ``</s>`` is in a pair.
+"""BERT's sentence pairs for next-sentence prediction, on fairseq's line datasets whose EOS-only lines
+separate documents: segments cut once, pairs drawn per epoch and index (docs/internals.md#bert).
 """
 
 from functools import lru_cache
@@ -38,9 +19,7 @@ def segment_size_for(tokens_per_sample: int) -> int:
 
 
 def document_spans(sizes):
-    """``[(first_line, end_line)]`` of the documents: runs of lines with text; ``sizes``
-    are text tokens per line (EOS excluded), so 0 is an empty line of the raw text, a
-    separator."""
+    """``[(first_line, end_line)]`` of the documents: runs of lines with text (``sizes`` > 0)."""
     spans, start = [], None
     for i, size in enumerate(sizes):
         if size > 0 and start is None:
@@ -54,12 +33,8 @@ def document_spans(sizes):
 
 
 def build_segments(sizes, segment_size):
-    """Cut every document into segments of at most ``segment_size`` tokens.
-
-    ``sizes``: text tokens per line (EOS excluded). Returns ``(segments, segment_doc)``:
-    ``segments[k] = (start, end)`` in the flat stream of the lines' text (concatenated in
-    order), ``segment_doc[k]`` its document.
-    """
+    """``(segments, segment_doc)``: every document cut into ``(start, end)`` spans of at most
+    ``segment_size`` tokens of the flat text stream (``sizes``: text tokens per line), and their documents."""
     if segment_size < 1:
         raise DataError("--tokens-per-sample is too small for a sentence pair (need at least 5)")
     sizes = np.asarray(sizes, dtype=np.int64)
@@ -92,12 +67,8 @@ def build_segments(sizes, segment_size):
 
 
 class NextSentencePairsDataset(FairseqDataset):
-    """Item ``i``: the tokens of ``A + B`` (no special tokens) for pair ``i``.
-
-    ``pair(i)`` gives ``(len_a, len_b, is_next)`` of the same draw; both are functions of
-    ``(seed, epoch, i)`` only, so every view of a pair agrees. ``lines`` end with ``eos``
-    (fairseq's binarizer appends it), which is left out of the segments.
-    """
+    """Item ``i``: the tokens of ``A + B`` (no special tokens) for pair ``i``; ``pair(i)``: its
+    ``(len_a, len_b, is_next)``, both functions of ``(seed, epoch, i)`` only."""
 
     def __init__(self, lines, sizes, tokens_per_sample, seed=1, next_prob=0.5, split="train", eos=2):
         super().__init__()
@@ -140,12 +111,7 @@ class NextSentencePairsDataset(FairseqDataset):
 
     @property
     def can_reuse_epoch_itr_across_epochs(self):
-        """False: the pairs are redrawn each epoch. fairseq then builds a new batch iterator
-        for every epoch, and with it a new DataLoader whose workers start from the dataset of
-        that epoch. (A reused iterator keeps its DataLoader, whose persistent workers hold the
-        dataset as it was in epoch 1: with ``--num-workers`` >= 1, fairseq's default, every
-        epoch would serve epoch 1's pairs and masks.) The sizes are bounds that hold for every
-        epoch, so each new iterator makes the same batches, shuffled per epoch as before."""
+        """False: the pairs are redrawn each epoch (docs/internals.md#bert)."""
         return False
 
     def set_epoch(self, epoch, **unused):
@@ -160,10 +126,7 @@ class NextSentencePairsDataset(FairseqDataset):
     def __getitem__(self, index):
         return self._tokens(self.seed, self.epoch, index)
 
-    # Small per-instance caches (a pair's lengths and tokens are asked for by several
-    # wrappers in a row). Per instance, not lru_cache on the methods: a class-level cache
-    # would keep every dataset ever built alive. Dropped when the dataset is pickled
-    # (DataLoader workers under spawn).
+    # per-instance caches (a class-level lru_cache would keep every dataset alive), not pickled
     def _cached(self, name, maxsize, fn, *key):
         cache = self.__dict__.get(name)
         if cache is None:
@@ -227,10 +190,8 @@ class NextSentencePairsDataset(FairseqDataset):
 
 
 class PairWithSpecialsDataset(BaseWrapperDataset):
-    """``<s> A </s> B </s>`` from ``dataset`` items (``A + B``, masked or not).
-
-    ``bos``/``sep``/``eos``: the special tokens; pass the padding index for all three to
-    lay out MLM targets (specials are never predicted)."""
+    """``<s> A </s> B </s>`` from ``dataset`` items (``A + B``); the padding index as all three
+    specials lays out MLM targets."""
 
     def __init__(self, dataset, pairs: NextSentencePairsDataset, bos, sep, eos):
         super().__init__(dataset)

@@ -1,5 +1,4 @@
-"""fairseq's RoBERTa hub interface, laying sentence pairs out as BERT does for models
-that have segment embeddings (converted Google checkpoints)."""
+"""fairseq's RoBERTa hub interface, laying pairs out as BERT does for models with segment embeddings."""
 
 from fairseq.data.encoders.hf_bert_bpe import BertBPE
 from fairseq.models.roberta import RobertaHubInterface
@@ -8,13 +7,7 @@ from .wordpiece import WordPieceBPE
 
 
 class RealFormerBertHubInterface(RobertaHubInterface):
-    """``encode``, ``extract_features``, ``fill_mask``, ``predict`` as RoBERTa's.
-
-    For a model with segment embeddings (``--num-segments``), ``encode(a, b)`` gives
-    BERT's ``<s> A </s> B </s>`` (``[CLS] A [SEP] B [SEP]``), the layout its segment ids
-    are derived from, instead of RoBERTa's doubled separator ``<s> A </s> </s> B </s>``;
-    ``no_separator`` still chooses either way explicitly.
-    """
+    """RoBERTa's; with segment embeddings ``encode(a, b)`` gives BERT's ``<s> A </s> B </s>``."""
 
     @property
     def bert_pairs(self) -> bool:
@@ -26,8 +19,7 @@ class RealFormerBertHubInterface(RobertaHubInterface):
         return super().encode(sentence, *addl_sentences, no_separator=no_separator)
 
     def fill_mask(self, masked_input: str, topk: int = 5):
-        """RoBERTa's, with the filled-in sentence spaced right for WordPiece (fairseq
-        glues a whole-word token to the word before ``<mask>``)."""
+        """RoBERTa's, with the filled-in sentence spaced right for WordPiece."""
         filled = super().fill_mask(masked_input, topk=topk)
         if not isinstance(self.bpe, (WordPieceBPE, BertBPE)) or " <mask>" not in masked_input:
             return filled

@@ -1,20 +1,6 @@
-"""The ``realformer_bert`` model: fairseq's RoBERTa with the RealFormer encoder.
-
-Built the way fairseq's own Linformer plugin builds ``linformer_roberta``: a
-``RobertaModel`` subclass whose ``RobertaEncoder.build_encoder`` returns another
-sentence encoder, here the core :class:`RealFormerTransformerEncoder` (the one copy of
-the residual attention loop) with BERT's embedding options (``sentence_encoder``).
-Everything else is RoBERTa's: embeddings, LM head, classification heads,
-``--max-positions``, the hub interface, fairseq's ``masked_lm``, ``sentence_prediction``
-and ``sentence_ranking`` tasks. With ``--residual-attention-paths none`` it computes
-exactly ``roberta`` (same state dict).
-
-Architectures: the paper's Table 1 (He et al., 2021) on top of RoBERTa's defaults
-(GELU, Post-LN, dropout 0.1, embedding layer norm, learned positions up to 512), and
-``realformer_bert_google_*``: the same sizes computing exactly what Google's TF BERT
-computes (segment embeddings, positions from 0, LayerNorm epsilon 1e-12, tanh GELU; see
-``sentence_encoder``), the model that ``scripts/convert_google_checkpoint.py`` makes
-from the released RealFormer checkpoints.
+"""The ``realformer_bert`` model: fairseq's RoBERTa with the RealFormer encoder, and its architectures
+(the paper's Table 1; ``realformer_bert_google_*`` compute exactly Google's TF BERT). With
+``--residual-attention-paths none`` it computes exactly ``roberta`` (docs/internals.md#bert).
 """
 
 import logging
@@ -39,12 +25,7 @@ MEAN_ABOVE_LAYERS = 24  # deeper stacks default to the running mean (paper, xLar
 
 @register_model("realformer_bert")
 class RealFormerBertModel(RobertaModel):
-    """BERT-style RealFormer encoder (He et al., 2021) with RoBERTa's heads and interfaces.
-
-    ``from_pretrained(dir, checkpoint_file=..., bpe="sentencepiece",
-    sentencepiece_model=...)`` returns fairseq's ``RobertaHubInterface`` (a subclass that
-    lays pairs out as BERT does for models with segment embeddings).
-    """
+    """BERT-style RealFormer encoder (He et al., 2021) with RoBERTa's heads and interfaces."""
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)
@@ -57,13 +38,8 @@ class RealFormerBertModel(RobertaModel):
     @classmethod
     def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
                         bpe=None, **kwargs):
-        """The hub interface of a checkpoint in ``model_name_or_path``.
-
-        ``bpe``: the BPE to encode text with (with its options as keyword arguments,
-        e.g. ``bpe="sentencepiece", sentencepiece_model=...``). Default: the
-        checkpoint's own; a folder with a ``vocab.txt`` (a converted Google checkpoint)
-        gets ``wordpiece`` with that vocabulary.
-        """
+        """The hub interface of a checkpoint in ``model_name_or_path``; ``bpe`` (options as keywords):
+        default the checkpoint's own, ``wordpiece`` for a folder with a ``vocab.txt``."""
         from fairseq import hub_utils
 
         vocab = os.path.join(model_name_or_path, "vocab.txt")
@@ -133,9 +109,7 @@ class RealFormerBertModel(RobertaModel):
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     def upgrade_state_dict_named(self, state_dict, name):
-        """RoBERTa's (drops restored heads the model lacks, keeps new heads' fresh
-        weights); with ``--pooler-init-head NAME``, a new head's dense layer starts from
-        the restored head NAME's, BERT's fine-tuning from the pre-trained pooler."""
+        """RoBERTa's; with ``--pooler-init-head NAME``, a new head's dense layer starts from head NAME's."""
         source = safe_getattr(self.args, "pooler_init_head", None)
         prefix = name + "." if name != "" else ""
         heads = prefix + "classification_heads."
@@ -187,10 +161,7 @@ def _dims(args, layers, hidden, heads, ffn):
 
 @register_model_architecture("realformer_bert", "realformer_bert")
 def realformer_bert_architecture(args):
-    """RoBERTa's defaults (BERT-base dims) plus the residual attention defaults.
-
-    Learned positions up to 512 as BERT's, whatever ``--tokens-per-sample`` (``roberta``
-    sizes its table to ``--tokens-per-sample`` unless ``--max-positions`` is given)."""
+    """RoBERTa's defaults (BERT-base dims, positions up to 512) plus the residual attention defaults."""
     args.max_positions = safe_getattr(args, "max_positions", 512)
     args.num_segments = safe_getattr(args, "num_segments", 0)
     args.position_offset = safe_getattr(args, "position_offset", None)
@@ -201,9 +172,7 @@ def realformer_bert_architecture(args):
 
 
 def _google_defaults(args):
-    """What Google's TF BERT computes (the released RealFormer checkpoints): two segment
-    types, positions from 0, LayerNorm epsilon 1e-12, tanh GELU, and new fine-tuning heads
-    starting from the pre-trained pooler (BERT's run_classifier.py)."""
+    """What Google's TF BERT computes (the released RealFormer checkpoints)."""
     args.num_segments = safe_getattr(args, "num_segments", 2)
     args.position_offset = safe_getattr(args, "position_offset", 0)
     args.layer_norm_eps = safe_getattr(args, "layer_norm_eps", 1e-12)

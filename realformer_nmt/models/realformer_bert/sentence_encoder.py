@@ -1,26 +1,6 @@
-"""The sentence encoder of ``realformer_bert``, with the options that make it compute
-Google's TF BERT exactly (the layout of the released RealFormer checkpoints).
-
-Off by default (a model trained here is RoBERTa's encoder, unchanged). The options:
-
-* ``--num-segments N``: segment (token type) embeddings added to the input. The ids come
-  from the tokens, as BERT lays a pair out (``[CLS] A [SEP] B [SEP]`` = ``<s> A </s> B
-  </s>``): 0 up to and including the first ``</s>``, 1 after it; padding 0. So
-  ``sentence_prediction`` (``--init-token 0``, no ``--separator-token``) and
-  ``masked_lm_nsp`` pairs get them with no task change.
-* ``--position-offset K``: learned positions by index, token t of every row at row
-  ``t + K`` of the table, padding included (BERT: ``K = 0``, positions 0..T-1), instead of
-  fairseq's (counted over non-padding tokens from ``padding_idx + 1``). Padded positions
-  then also keep their embeddings (fairseq zeroes them), as BERT computes them: outputs
-  at padded positions equal BERT's too.
-* ``--layer-norm-eps``: every LayerNorm's epsilon (BERT, tf_slim: 1e-12; fairseq: 1e-5).
-
-The activation is fairseq's ``--activation-fn`` (BERT's tanh-approximated GELU is
-``gelu_accurate``); padding is masked with the most negative float where BERT adds
--10000, which gives the same softmax in float32 (a padded key's weight
-``exp(score - 10000 - max)`` underflows to exactly 0) unless a padded key scores some
-9,900 above every real key of its row.
-"""
+"""The sentence encoder of ``realformer_bert``, with the options (off by default) that make it compute
+Google's TF BERT exactly: ``--num-segments``, ``--position-offset``, ``--layer-norm-eps``
+(docs/internals.md#bert)."""
 
 from typing import Optional
 
@@ -31,8 +11,7 @@ from ..realformer_transformer import RealFormerTransformerEncoder
 
 
 def segment_ids(tokens: Tensor, eos: int, pad: int, num_segments: int) -> Tensor:
-    """BERT's token types from the tokens: 0 up to and including the first ``eos`` of a
-    row, then 1 (at most ``num_segments - 1``); padding 0. ``tokens``: ``[B, T]``."""
+    """BERT's token types from ``tokens`` ``[B, T]``: 0 up to and including the first ``eos``, then 1; padding 0."""
     is_eos = tokens.eq(eos).long()
     after_first = (is_eos.cumsum(dim=1) - is_eos).clamp(max=min(1, num_segments - 1))
     return after_first.masked_fill(tokens.eq(pad), 0)
@@ -46,8 +25,7 @@ def set_layer_norm_eps(module: nn.Module, eps: float):
 
 
 class IndexPositionalEmbedding(nn.Embedding):
-    """Learned positions by index, BERT's way: token t of every row gets row ``t + offset``,
-    padding included. Same parameter name (``embed_positions.weight``) as fairseq's."""
+    """Learned positions by index, BERT's way: token t of every row gets row ``t + offset``."""
 
     def __init__(self, max_positions: int, embedding_dim: int, offset: int = 0):
         super().__init__(max_positions + offset, embedding_dim)
@@ -74,8 +52,7 @@ class RealFormerBertSentenceEncoder(RealFormerTransformerEncoder):
         self.segment_embeddings = nn.Embedding(self.num_segments, dim) if self.num_segments > 0 else None
 
     def forward_embedding(self, src_tokens: Tensor, token_embedding: Optional[Tensor] = None):
-        """fairseq's (token + position embeddings, layer norm, dropout) plus the segment
-        embeddings, all added before the layer norm as in BERT."""
+        """fairseq's embeddings plus the segment embeddings, all added before the layer norm as in BERT."""
         if token_embedding is None:
             token_embedding = self.embed_tokens(src_tokens)
         x = embed = self.embed_scale * token_embedding

@@ -1,23 +1,6 @@
-"""BERT's WordPiece tokenizer, and fairseq's ``--bpe wordpiece`` on top of it.
-
-Converted Google checkpoints (``scripts/convert_google_checkpoint.py``) come with BERT's
-``vocab.txt``; their hub interface tokenizes text with this, so that a converted model
-works with nothing beyond this package. fairseq's own ``--bpe bert`` (which needs
-HuggingFace ``transformers``) works as well: pass ``--bpe-vocab-file DIR/vocab.txt``.
-
-The algorithm is the one of google-research ``bert/tokenization.py`` (what the released
-checkpoints were trained with): clean the text (drop NUL, U+FFFD and control characters,
-categories Cc/Cf; whitespace to spaces), put spaces around CJK ideographs, split on
-whitespace, lower-case and strip accents (NFD, drop Mn) for uncased vocabularies, split
-off every punctuation character (ASCII non-alphanumerics and Unicode P*), then greedy
-longest-match-first WordPiece, non-initial pieces prefixed ``##``; a word longer than
-200 characters or with no match is ``[UNK]``.
-
-Where HuggingFace ``BertTokenizer`` differs from Google's (it drops all C* characters,
-NFC-normalizes first, keeps special tokens like ``[MASK]`` whole and caps words at 100
-characters), this follows Google's. ``tests/test_wordpiece.py`` compares the two on
-WikiText-2 when ``transformers`` is installed.
-"""
+"""BERT's WordPiece tokenizer (google-research ``bert/tokenization.py``'s algorithm), and fairseq's
+``--bpe wordpiece`` on top of it: the hub interface of a converted Google checkpoint tokenizes with
+it (docs/internals.md#bert)."""
 
 import unicodedata
 from dataclasses import dataclass, field

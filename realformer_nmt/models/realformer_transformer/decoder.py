@@ -15,13 +15,7 @@ from ...modules.residual_attention import MaskFacts, ResidualState, share_kernel
 
 
 class RealFormerTransformerDecoder(TransformerDecoderBase):
-    """fairseq's ``TransformerDecoderBase`` (embeddings, output projection, incremental
-    interface), with :class:`RealFormerDecoderLayer` layers and two score paths.
-
-    In cached decoding each step feeds one query row, so only that step's
-    ``[B, H, 1, S]`` score rows flow between layers; nothing extra is cached.
-    Layers skipped by layerdrop add nothing to either running sum and are not counted.
-    """
+    """fairseq's ``TransformerDecoderBase`` with :class:`RealFormerDecoderLayer` layers and two score paths."""
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         cfg = TransformerConfig.from_namespace(cfg)
@@ -60,8 +54,7 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
         alignment_layer: Optional[int] = None,
         alignment_heads: Optional[int] = None,
     ):
-        """fairseq's decoder pass (a copy: fairseq's loop passes no state to its layers);
-        the loop threads the ``self_state``/``cross_state`` paths."""
+        """fairseq's decoder pass (a copy) whose loop threads the ``self_state``/``cross_state`` paths."""
         if alignment_layer is None:
             alignment_layer = self.num_layers - 1
 
@@ -76,11 +69,7 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
         if self.embed_positions is not None:
             positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
 
-        # Padding over every target position, cached steps included (taken before the
-        # tokens are cut to the current step): every key a step's query sees, since the
-        # residual kernels mask the scores over all of them (a module off the residual
-        # paths cuts it to the step's own key for fairseq's forward: new_keys_padding).
-        # Given when the target has padding, and always with --cross-self-attention.
+        # padding over every target position, cached steps included (docs/internals.md#layers-and-loops)
         target_padding = prev_output_tokens.eq(self.padding_idx)
 
         if incremental_state is not None:
@@ -145,14 +134,8 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
 
     def _self_mask_facts(self, target_padding: Tensor, self_attn_mask: Optional[Tensor], enc: Optional[Tensor],
                          encoder_padding_mask: Optional[Tensor]) -> Tuple[Optional[MaskFacts], bool]:
-        """``(facts, has_pads)``: the :class:`MaskFacts` of the decoder self path's masks,
-        which every layer's self-attention gets, and whether the target has padding.
-
-        Established once per forward, with the one host read fairseq's decoder makes
-        anyway (does the target have padding?): no layer then reads a mask value. None
-        (and fairseq's own read) where no kernel needs them: cached decoding and weights
-        (materialized), no self path, or under ``torch.compile`` (where the modules read
-        nothing either)."""
+        """``(facts, has_pads)``: the :class:`MaskFacts` of the self path's masks, for every layer (None
+        where no kernel needs them), and whether the target has padding."""
         if (self_attn_mask is None or "decoder" not in self.residual.paths or torch.compiler.is_compiling()
                 or (self.cross_self_attention and enc is None)):
             return None, self.cross_self_attention or bool(target_padding.any())

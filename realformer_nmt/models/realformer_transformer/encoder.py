@@ -13,11 +13,9 @@ from ...modules.residual_attention import ResidualState, share_kernel_notes
 
 
 class RealFormerTransformerEncoder(TransformerEncoderBase):
-    """fairseq's ``TransformerEncoderBase`` (embeddings, interfaces, output dict),
-    with :class:`RealFormerEncoderLayer` layers and the residual state threaded between them."""
+    """fairseq's ``TransformerEncoderBase`` with :class:`RealFormerEncoderLayer` layers."""
 
-    # The paths the whole model may put on residual attention, validated here so that
-    # one clear error comes before anything is built (encoder-only models: "encoder").
+    # the paths the whole model may put on residual attention (encoder-only models: "encoder")
     RESIDUAL_PATHS = residual_config.PATHS
     # fairseq zeroes the embeddings of padding positions (BERT does not; see realformer_bert)
     zero_padding_embeddings = True
@@ -47,13 +45,7 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
         return_all_hiddens: bool = False,
         token_embeddings: Optional[Tensor] = None,
     ):
-        """fairseq's encoder pass (a copy: fairseq's loop passes no state to its layers);
-        the loop threads the residual state layer to layer. The output dict is
-        fairseq's, ``fc_results`` included (with ``return_all_hiddens``: one entry per
-        layer, ``fc2``'s output with ``return_fc``, else None).
-
-        Layers skipped by layerdrop (``LayerDropModuleList`` leaves them out of the
-        iteration) add nothing to the running sum and are not counted in it."""
+        """fairseq's encoder pass (a copy) whose loop threads the residual state; fairseq's output dict."""
         encoder_padding_mask = src_tokens.eq(self.padding_idx)
         has_pads = encoder_padding_mask.any()
 
@@ -65,8 +57,7 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
 
         encoder_states = [x] if return_all_hiddens else []
         fc_results: List[Optional[Tensor]] = []
-        # read once (fairseq reads has_pads at every layer); with padding alone the
-        # kernels need no other fact of the masks (MaskFacts)
+        # read once (fairseq reads has_pads at every layer)
         layer_padding_mask = encoder_padding_mask if has_pads else None
         state: Optional[ResidualState] = None
         for layer in self.layers:

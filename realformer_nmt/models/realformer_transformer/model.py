@@ -1,9 +1,5 @@
-"""The ``realformer_transformer`` model and its architectures.
-
-Thin registrations over fairseq's ``transformer``: same flags, dims and defaults,
-plus ``--residual-attention-paths``, ``--residual-attention-mode`` and
-``--residual-attention-kernel``.
-"""
+"""The ``realformer_transformer`` model and its architectures: thin registrations over fairseq's
+``transformer`` plus the ``--residual-attention-*`` flags."""
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel
@@ -22,21 +18,14 @@ from .encoder import RealFormerTransformerEncoder
 
 @register_model("realformer_transformer")
 class RealFormerTransformerModel(TransformerModel):
-    """RealFormer encoder-decoder (He et al., 2021): Post-LN transformer whose
-    encoder self-attention, decoder self-attention and encoder-decoder attention
-    each pass raw pre-softmax scores on to the same module of the next layer.
-
-    With ``--residual-attention-paths none`` it computes exactly fairseq's
-    ``transformer``; parameter names are fairseq's, so checkpoints move both ways.
-    """
+    """RealFormer encoder-decoder (He et al., 2021); with ``--residual-attention-paths none`` exactly
+    fairseq's ``transformer`` (same parameter names)."""
 
     @classmethod
     def hub_models(cls):
         return {}
 
     def __prepare_scriptable__(self):
-        # torch.jit.script calls this first: one clear sentence instead of TorchScript's
-        # internal error about ``super().forward`` in the attention subclass.
         raise ConfigError(
             "torch.jit.script does not support realformer_transformer (TorchScript cannot "
             "compile the residual attention subclass of fairseq's MultiheadAttention, and "

@@ -57,9 +57,7 @@ class BiasKernel:
 
 
     def _first_layer_forward(self, query, key, value, key_padding_mask, attn_mask, facts: MaskFacts):
-        """The first layer of a path: PyTorch's own (fused where it can) attention on this
-        layer's scores; its queries and keys are handed on, ``A_1 = Q_1 K_1^T`` formed by
-        the next layer."""
+        """The first layer of a path: SDPA on this layer's scores; its queries and keys are handed on."""
         tgt_len, bsz, _ = query.size()
         q, k, v = self._project(query, key, value)  # [B, H, T|S, d]; q scaled by 1/sqrt(d)
         mask, causal, padded_keys = sdpa_mask(key_padding_mask, attn_mask, q.dtype, tgt_len, k.size(2), facts)
@@ -67,10 +65,7 @@ class BiasKernel:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout_p,
                                              scale=1.0)  # q carries 1/sqrt(d)
         if padded_keys is not None:
-            # SDPA's causal kernel lets a padded query row see the padded keys up to its own
-            # position, which the materialized kernel masks: the rows from the shortest
-            # sentence's end on are attended again over the real keys, and the padded ones
-            # taken from there (T - shortest extra rows)
+            # padded query rows see padded keys under is_causal: redo them (docs/internals.md#masks)
             first = facts.shortest
             key_mask = torch.zeros(padded_keys.shape, dtype=q.dtype, device=q.device).masked_fill(
                 padded_keys, torch.finfo(q.dtype).min)[:, None, None, :]
@@ -84,14 +79,9 @@ class BiasKernel:
 
 def _additive_bias(prev: Tensor, divisor: float, key_padding_mask: Optional[Tensor],
                    attn_mask: Optional[Tensor], dtype: torch.dtype, causal_mask: bool = False) -> Tensor:
-    """``B_n = A_{n-1} / c_n + mask`` in the input dtype, ``[B, H, T, S]``: ``attn_mask`` is
-    added, padded keys are *replaced* by the dtype's most negative finite value (as the
-    materialized kernel does: a row whose keys are all padded is uniform, not NaN).
-
-    ``causal_mask``: ``attn_mask`` is fairseq's future mask (0 and -inf). In sum mode with
-    half-precision inputs and no other mask, the one copy is the cast of ``A_{n-1}``, masked
-    in place (the future filled with -inf, padding as below): the values of masking in
-    float32 and casting, without a float32 ``T x S`` temporary per layer."""
+    """``B_n = A_{n-1} / c_n + mask`` in the input dtype, ``[B, H, T, S]``, padded keys replaced by the
+    dtype's most negative finite value; ``causal_mask``: ``attn_mask`` is fairseq's future mask
+    (docs/internals.md#the-bias-kernel)."""
     if divisor == 1.0 and dtype != prev.dtype and (attn_mask is None or causal_mask):
         bias = prev.to(dtype)  # a copy: never written into A_{n-1}
         if attn_mask is not None:

@@ -1,6 +1,4 @@
-"""Which kernel ``auto`` runs (:func:`auto_kernel`), and the measured CUDA rule it reads
-from the package (:func:`cuda_kernel_rule`). Nothing here keeps state: what is said once is
-said through the model's :class:`~.module.KernelNotes`."""
+"""Which kernel ``auto`` runs (:func:`auto_kernel`) and the measured CUDA rule it reads from the package."""
 
 import json
 import logging
@@ -20,20 +18,9 @@ logger = logging.getLogger(__name__)
 
 def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int, dtype=None, head_dim=None,
                 prefer_triton: Optional[bool] = None, notes=None) -> str:
-    """The kernel ``auto`` runs for layer ``terms`` of a path on a full (uncached) pass.
-
-    On CPU: ``materialized`` (the reference; ``bias`` runs SDPA's math kernel there, a mask
-    with a gradient, no better).
-
-    On CUDA: ``triton`` wherever it applies (``triton_kernel.unsupported``: triton installed, a GPU
-    of compute capability 8.0 or newer, half precision or float32, with or without attention
-    dropout; ``prefer_triton=False`` turns this off, default :data:`AUTO_PREFERS_TRITON`); where
-    it does not, why is said (once per model, through ``notes``) and the measured rule shipped
-    in this package runs (``kernel_rule.json`` next to this module, ``{"rule": {"first_layer":
-    K, "later_layers": K}}``; ``triton`` there means ``bias`` where triton does not apply;
-    without the file ``bias`` for every layer). ``bias`` is replaced by ``materialized`` if no
-    fused SDPA backend of this GPU takes a float mask with a gradient (then SDPA would store
-    the probabilities anyway).
+    """The kernel ``auto`` runs for layer ``terms`` of a path on a full (uncached) pass: ``materialized``
+    on CPU; on CUDA ``triton`` where it applies (unless ``prefer_triton=False``), else the packaged
+    rule, ``bias`` becoming ``materialized`` without a fused SDPA backend (docs/internals.md#what-auto-runs).
     """
     if device.type != "cuda":
         return "materialized"
@@ -56,16 +43,12 @@ def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int, dty
     return kernel
 
 
-# Whether ``auto`` runs ``triton`` on CUDA where it applies: at fairseq's speed where the GPU is
-# the bottleneck (one H200, 2026-11-28, base size, 32k tokens per batch: 0.98x-1.02x fairseq's
-# train speed at T = 128 and 512 where ``bias`` ran 0.61x-0.79x; docs/performance.md).
+# Whether ``auto`` runs ``triton`` on CUDA where it applies (measured: docs/internals.md#what-auto-runs).
 AUTO_PREFERS_TRITON = True
 
 DEFAULT_CUDA_RULE = {"first_layer": "bias", "later_layers": "bias"}
 RULE_KERNELS = ("materialized", "bias", "triton")  # triton: only where it applies, else bias
-# The rule the project measured, shipped inside this package as data (read with
-# importlib.resources: a wheel and a checkout read the same file, nothing outside the package is
-# consulted). --residual-attention-kernel materialized|bias|triton bypasses auto altogether.
+# The rule the project measured, shipped inside this package as data (read with importlib.resources).
 RULE_FILE = "kernel_rule.json"
 PACKAGED_KERNEL_RULE = os.path.join(os.path.dirname(os.path.abspath(__file__)), RULE_FILE)
 

@@ -9,23 +9,9 @@ from torch import Tensor
 
 
 class MaskFacts(NamedTuple):
-    """What the SDPA kernels branch on about the masks of a path, for one forward.
-
-    Every layer of a path sees the same masks, so whoever builds them (the decoder, for
-    its self-attention path) establishes these once per forward with :meth:`of` (at most
-    one read of tensor values on the host) and hands them to every layer; a module given
-    none establishes them itself, per call.
-
-    * ``causal``: ``attn_mask`` is fairseq's future mask (0 on and below the diagonal,
-      -inf above) and every row of ``key_padding_mask`` is real keys, then padding (or
-      there is no padding): SDPA's ``is_causal`` computes it (see :func:`sdpa_mask`);
-    * ``shortest``: the fewest real keys of a row of ``key_padding_mask`` (None: no
-      padding mask, or not read);
-    * ``dead_rows``: ``[B, 1, T, 1]``, True at query rows that see no real key (every key
-      they may attend to is padded), or None where no row does;
-    * ``future``: ``attn_mask`` is fairseq's future mask, whatever the padding (the
-      ``triton`` kernel applies it from indices).
-    """
+    """What the SDPA and triton kernels branch on about the masks of a path, established once per
+    forward (``causal``, ``shortest``, ``dead_rows`` ``[B, 1, T, 1]``, ``future``;
+    docs/internals.md#masks)."""
 
     causal: bool = False
     shortest: Optional[int] = None
@@ -34,14 +20,8 @@ class MaskFacts(NamedTuple):
 
     @classmethod
     def of(cls, key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor]) -> "MaskFacts":
-        """The facts of ``key_padding_mask`` (``[B, S]``, True at padded keys) and
-        ``attn_mask`` (additive ``[T, S]``), with one host read at most (``tolist``).
-
-        Nothing is read with padding alone (no ``attn_mask``): a row then sees no real key
-        only if its whole sentence is padding, which fairseq's batches never hold (not
-        checked). Nor under ``torch.compile``, where a read is a graph break: the general
-        mask runs and the rows without a real key are replaced wherever they are (a
-        ``torch.where`` that finds none changes nothing)."""
+        """The facts of ``key_padding_mask`` (``[B, S]``, True at padded keys) and ``attn_mask``
+        (additive ``[T, S]``), with one host read at most (none with padding alone or compiling)."""
         if attn_mask is None:
             return cls()
         pad = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
@@ -69,18 +49,8 @@ class MaskFacts(NamedTuple):
 
 def sdpa_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], dtype: torch.dtype,
               tgt_len: int, src_len: int, facts: MaskFacts) -> Tuple[Optional[Tensor], bool, Optional[Tensor]]:
-    """``(attn_mask, is_causal, padded_keys)`` for SDPA, with the materialized kernel's
-    semantics at every position.
-
-    Padded keys get the most negative finite value (a fully padded row is uniform, as in
-    the materialized kernel's softmax); ``attn_mask`` is added as it is. No ``T x S``
-    tensor is built where it can be avoided: ``[B, 1, 1, S]`` for padding alone; ``[T, S]`` for a mask
-    alone; fairseq's causal mask with right-padded keys (its target batches;
-    ``facts.causal``) is SDPA's ``is_causal`` without any mask: padded keys then come after
-    every real query's position, so only the rows of padded queries see them, and those
-    rows are redone from the returned ``padded_keys`` (see ``bias._first_layer_forward``).
-    Otherwise (left-padded targets, ``--cross-self-attention``) one ``[B, 1, T, S]`` mask.
-    """
+    """``(attn_mask, is_causal, padded_keys)`` for SDPA, with the materialized kernel's semantics at
+    every position; rows of padded queries under ``is_causal`` are redone from ``padded_keys``."""
     if facts.causal and attn_mask is not None and attn_mask.shape == (tgt_len, src_len):
         padded = key_padding_mask is not None and facts.shortest is not None and facts.shortest < src_len
         return None, True, (key_padding_mask.to(torch.bool) if padded else None)
@@ -99,11 +69,8 @@ def sdpa_mask(key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], d
 
 def uniform_rows_without_real_keys(out: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
                                    facts: MaskFacts, dropout_p: float) -> Tensor:
-    """SDPA's ``out`` with the rows that see no real key replaced by what the
-    materialized kernel computes there: the uniform average of the values of the
-    padded keys, a constant of the scores. (SDPA's own forward rounds to that, but its
-    backward recomputes those probabilities from a log-sum-exp that the mask's huge
-    value swallows, and sends gradients through the scores.)"""
+    """SDPA's ``out`` with the rows that see no real key replaced by the materialized kernel's: the
+    uniform average of the padded keys' values, a constant of the scores."""
     dead = facts.dead_rows  # [B, 1, T, 1]
     if dead is None or key_padding_mask is None:
         return out

@@ -12,14 +12,8 @@ from .state import ResidualState, sum_dtype
 
 
 def cache_for_scores(incremental_state):
-    """The ``incremental_state`` to hand fairseq's ``MultiheadAttention.forward`` when this
-    kernel wants its pre-softmax scores (``before_softmax=True``).
-
-    fairseq takes PyTorch's fused attention (``F.multi_head_attention_forward``, which returns
-    no scores) whenever ``incremental_state`` is None, so a call without a cache gets a new,
-    empty one: fairseq stores this call's keys and values in it, and it is dropped with the
-    call (never shared: a second call would read the first one's keys as its prefix). In
-    step-by-step decoding it is the decoder's own cache."""
+    """The ``incremental_state`` for fairseq's forward with ``before_softmax=True``: a new, empty one
+    per uncached call, else fairseq would take its fused path (docs/internals.md#the-materialized-kernel)."""
     return incremental_state if incremental_state is not None else {}
 
 
@@ -41,8 +35,6 @@ class MaterializedKernel:
             need_weights=False, static_kv=static_kv, attn_mask=None, before_softmax=True,
         )
         src_len = logits.size(-1)
-        # The running sum is kept in float32 (float64 in a float64 model): 48 layers of fp16
-        # logits can overflow.
         scores = logits.view(bsz, self.num_heads, tgt_len, src_len).to(sum_dtype(logits.dtype))
         terms = 1
         own = scores.clone() if self.need_own_weights else None  # before the residual is added in place
@@ -70,8 +62,7 @@ class MaterializedKernel:
 
     def _masked_softmax(self, scores: Tensor, key_padding_mask: Optional[Tensor],
                         attn_mask: Optional[Tensor], divisor: float) -> Tensor:
-        """softmax(mask(A_n / c_n)) in float32 (float64 in a float64 model). Padded keys get the most negative
-        finite value, so a row with every key padded is uniform, not NaN."""
+        """softmax(mask(A_n / c_n)) in the sum's dtype; a row with every key padded is uniform, not NaN."""
         # ``scores`` is passed on unmasked: the first op makes a copy, later ones work in it
         logits = scores
         if divisor != 1.0:

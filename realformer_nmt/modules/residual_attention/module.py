@@ -1,6 +1,5 @@
-"""``ResidualMultiheadAttention``: fairseq's ``MultiheadAttention`` that takes the previous
-layer's :class:`ResidualState` and leaves its own in the caller's :class:`ResidualPath`,
-running the kernel chosen per call, and returns what fairseq's returns."""
+"""``ResidualMultiheadAttention``: fairseq's ``MultiheadAttention`` that takes the previous layer's
+:class:`ResidualState` and leaves its own in the caller's :class:`ResidualPath`."""
 
 import logging
 from typing import Dict, Optional, Tuple
@@ -25,13 +24,8 @@ logger = logging.getLogger(__name__)
 
 def new_keys_padding(key_padding_mask: Optional[Tensor], query: Tensor, key: Optional[Tensor],
                      incremental_state, static_kv: bool, self_attention: bool) -> Optional[Tensor]:
-    """The padding mask fairseq's own ``MultiheadAttention.forward`` takes, from ours.
-
-    Ours (``forward``'s ``key_padding_mask``) covers every key the queries see, the cached
-    ones included: the residual kernels mask the scores over all of them. fairseq's, in
-    step-by-step decoding, covers only the keys this call adds: it appends the cached keys'
-    mask from its cache itself. So for a module off the residual paths, which runs
-    fairseq's forward as it is, the mask is cut to its last (new) columns."""
+    """The padding mask fairseq's own forward takes, from ours (which covers the cached keys too):
+    in step-by-step decoding, its last (new) columns (docs/internals.md#the-materialized-kernel)."""
     if incremental_state is None or key_padding_mask is None or static_kv:
         return key_padding_mask
     new_keys = query.size(0) if key is None or self_attention else key.size(0)
@@ -39,10 +33,8 @@ def new_keys_padding(key_padding_mask: Optional[Tensor], query: Tensor, key: Opt
 
 
 class KernelNotes:
-    """What the attention modules of one model share about their kernels (no tensors): the
-    lines said, each once per model, and, once Triton failed under ``auto``, why (``auto``
-    then runs its other kernels in this model). A module has its own until its model shares
-    one (:func:`share_kernel_notes`)."""
+    """What the attention modules of one model share about their kernels: the lines said (each once
+    per model) and, once Triton failed under ``auto``, why."""
 
     def __init__(self):
         self.said = set()
@@ -66,14 +58,10 @@ def share_kernel_notes(model) -> KernelNotes:
 
 
 class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, MultiheadAttention):
-    """fairseq ``MultiheadAttention`` that threads RealFormer's residual scores; its
-    parameters and incremental-state buffers are fairseq's own (vanilla checkpoints load).
+    """fairseq ``MultiheadAttention`` that threads RealFormer's residual scores (fairseq's parameters).
 
-    ``residual``: on a residual path (adds the previous layer's running sum, leaves its
-    own); off, exactly fairseq's module. ``mode``: ``"sum"`` or ``"mean"`` (the sum divided
-    by the number of layers in it before the softmax; the undivided sum is passed on).
-    ``kernel``: ``"auto"``, ``"materialized"``, ``"bias"`` or ``"triton"`` (the package
-    docstring), each a class of its own file, mixed in here."""
+    ``residual``: on a residual path (off: exactly fairseq's module); ``mode``: ``"sum"`` or
+    ``"mean"``; ``kernel``: ``"auto"``, ``"materialized"``, ``"bias"`` or ``"triton"`` (docs/internals.md#kernels)."""
 
     def __init__(self, *args, residual: bool = False, mode: str = "sum", kernel: str = "auto", **kwargs):
         super().__init__(*args, **kwargs)
@@ -82,14 +70,11 @@ class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, M
         if kernel not in KERNELS:
             raise ValueError(f"residual attention kernel must be one of {KERNELS}, got {kernel!r}")
         if residual and (self.bias_k is not None or self.add_zero_attn or self.use_xformers):
-            # These change the key set per layer, so scores would not line up across layers.
             raise ValueError("residual attention does not support add_bias_kv, add_zero_attn or xformers")
         self.residual = residual
         self.mode = mode
         self.kernel = kernel
-        # Analysis only (experiments/attention_analysis/): with ``need_own_weights`` set, a
-        # call that returns weights (materialized) also leaves this layer's own probabilities
-        # softmax(mask(Q_n K_n^T / sqrt(d))), [H, B, T, S], in ``own_weights``.
+        # analysis only: a call that returns weights also leaves this layer's own in own_weights
         self.need_own_weights = False
         self.own_weights: Optional[Tensor] = None
         self.notes = KernelNotes()
@@ -114,16 +99,12 @@ class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, M
         residual_path: Optional[ResidualPath] = None,
         mask_facts: Optional[MaskFacts] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Input ``T x B x C``; returns fairseq's ``(output [T, B, C], weights)`` (weights as
-        fairseq's: ``[B, T, S]``, ``[H, B, T, S]`` with ``need_head_weights``, None unless asked).
+        """Input ``T x B x C``; returns fairseq's ``(output [T, B, C], weights)``.
 
-        ``key_padding_mask``: ``[B, S]``, True at padded keys, covering *all* keys, cached
-        ones included. ``residual_path``: the caller's :class:`ResidualPath`, whose ``state``
-        is the previous layer's :class:`ResidualState` (None for the first layer; in cached
-        decoding the current step's rows) and this layer's after the call (None off a
-        residual path); without it the module computes as a first layer and drops its
-        state. ``mask_facts``: the :class:`MaskFacts` of the masks, established once per
-        forward by whoever built them (None: here, when a kernel needs them)."""
+        ``key_padding_mask``: ``[B, S]``, True at padded keys, covering *all* keys, cached ones
+        included. ``residual_path``: the caller's :class:`ResidualPath` (the previous layer's state
+        in, this layer's out; None: computed as a first layer). ``mask_facts``: the masks'
+        :class:`MaskFacts` (None: established here when a kernel needs them)."""
         prev_state = residual_path.state if residual_path is not None else None
         if not self.residual:
             if prev_state is not None:
@@ -146,9 +127,7 @@ class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, M
             except Exception as error:  # only Triton's own errors, only under auto (below)
                 if kernel != "triton" or self.kernel != "auto" or not type(error).__module__.startswith("triton"):
                     raise
-                # auto chose triton and Triton failed to compile or launch it here (a GPU, driver or
-                # Triton version it was not checked on): auto stops choosing it in this model, says
-                # so once, and the call runs what auto runs without it
+                # Triton failed to compile or launch: auto stops choosing it in this model
                 self.notes.triton_failed = f"Triton failed on this machine: {type(error).__name__}: {error}"[:300]
                 self.notes.say(logging.WARNING, "residual attention kernel 'triton' disabled for auto in this model "
                                "(%s): auto runs its other kernels from here on", self.notes.triton_failed)
@@ -165,9 +144,7 @@ class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, M
 
     def kernel_for(self, query: Tensor, key: Optional[Tensor], incremental_state, need_weights: bool,
                    prev_state: Optional[ResidualState]) -> str:
-        """The kernel this call runs (``materialized``, ``bias`` or ``triton``), said once per
-        model, kind of path, position and choice. Where ``triton`` is asked for but does not
-        apply (``triton_kernel.unsupported``), what ``auto`` would run without it, said once."""
+        """The kernel this call runs (``materialized``, ``bias`` or ``triton``), said once per model."""
         kernel = self._choose_kernel(query, incremental_state, need_weights, prev_state)
         cached = incremental_state is not None or need_weights
         self.notes.say(logging.INFO, "residual attention: --residual-attention-kernel %s ran %s for %s layer of a %s "
@@ -203,8 +180,7 @@ class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, M
     # shared by the kernels
 
     def _project(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor], scaled: bool = True):
-        """fairseq's q/k/v projections for a full pass, as ``[B, H, T, d]`` tensors (``q`` times
-        ``self.scaling`` unless ``scaled`` is False: the triton kernel scales inside)."""
+        """fairseq's q/k/v projections as ``[B, H, T, d]`` tensors (``q`` scaled unless ``scaled`` is False)."""
         q = self.q_proj(query) * self.scaling if scaled else self.q_proj(query)
         if self.self_attention:
             key = value = query

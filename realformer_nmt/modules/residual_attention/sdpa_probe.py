@@ -1,5 +1,4 @@
-"""Which SDPA backend takes the ``bias`` kernel's mask with its gradient, probed once per
-device (:func:`bias_has_fused_backend`)."""
+"""Which SDPA backend takes the ``bias`` kernel's mask with its gradient, probed once per device."""
 
 import logging
 import threading
@@ -12,22 +11,15 @@ logger = logging.getLogger(__name__)
 
 
 def mask_grad_backends(device: torch.device):
-    """The SDPA backends the ``bias`` kernel may run on when its mask needs a gradient.
-
-    CUDA: only the memory-efficient kernel. It returns the gradient of a float mask;
-    cuDNN attention, which PyTorch tries first on Hopper GPUs, returns only dq, dk, dv
-    (no mask gradient) and has open NaN reports for float masks whose rows see no real key.
-    CPU: only the math kernel (the one CPU backend that takes a float mask with a
-    gradient; exact, materialized's cost, as the package docstring says)."""
+    """The SDPA backends the ``bias`` kernel may run on when its mask needs a gradient: the
+    memory-efficient kernel on CUDA, the math kernel on CPU (docs/internals.md#the-bias-kernel)."""
     from torch.nn.attention import SDPBackend
 
     return [SDPBackend.EFFICIENT_ATTENTION] if device.type == "cuda" else [SDPBackend.MATH]
 
 
 def _in_a_clean_thread(fn, *args):
-    """``fn(*args)`` in a new thread: grad mode, inference mode, autocast and saved-tensor
-    hooks (``torch.utils.checkpoint``) are thread-local, so the caller's context (a
-    ``torch.no_grad()`` decoding, a checkpointed layer) cannot change the answer."""
+    """``fn(*args)`` in a new thread, free of the caller's thread-local grad/autocast/hook context."""
     result, error = [], []
 
     def target():
@@ -57,10 +49,8 @@ def _probe_once(device: str) -> bool:
 
 @lru_cache(maxsize=None)
 def _bias_backend_probe(device: str) -> bool:
-    """Whether the backend of :func:`mask_grad_backends` takes a float mask with a gradient
-    on ``device``, forward and backward. Probed in a thread of its own, so the answer does
-    not depend on where the first call comes from (under ``torch.no_grad()`` in
-    fairseq-generate, inside a checkpointed layer): it is cached for the process."""
+    """Whether the backend of :func:`mask_grad_backends` takes a float mask with a gradient on
+    ``device``, forward and backward (cached for the process)."""
     try:
         ok = _in_a_clean_thread(_probe_once, device)
     except Exception as exc:  # noqa: BLE001 - no such backend, or no CUDA at all: either way not usable
@@ -73,8 +63,7 @@ def _bias_backend_probe(device: str) -> bool:
 
 
 def bias_has_fused_backend(device: torch.device) -> bool:
-    """Whether SDPA's memory-efficient backend (not the math kernel) takes a float mask that
-    needs a gradient on this CUDA device, forward and backward (probed once per device)."""
+    """Whether SDPA's memory-efficient backend takes a float mask with a gradient on this CUDA device."""
     if device.type != "cuda":
         return False
     if device.index is None and torch.cuda.is_available():

@@ -9,34 +9,19 @@ RESIDUAL_MODES = ("sum", "mean")
 
 
 def sum_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The running sum's dtype for inputs of ``dtype``: float32, or float64 for a float64
-    model (48 layers of fp16 logits can overflow; a float64 model stays float64, so that
-    the kernels can be checked against each other in float64)."""
+    """The running sum's dtype for inputs of ``dtype``: float32, or float64 for a float64 model."""
     return torch.promote_types(dtype, torch.float32)
 
 
 def divisor(mode: str, terms: int) -> float:
-    """``c_n`` of ``softmax(mask(A_n / c_n))``: 1 in ``sum`` mode, ``n`` (the number of
-    layers whose scores are in ``A_n``) in ``mean`` mode. The undivided ``A_n`` is what a
-    layer passes on."""
+    """``c_n`` of ``softmax(mask(A_n / c_n))``: 1 in ``sum`` mode, ``n`` = ``terms`` in ``mean`` mode."""
     return float(terms) if mode == "mean" else 1.0
 
 
 class ResidualState(NamedTuple):
-    """What one layer of a residual path hands to the same module of the next layer.
-
-    The running sum is ``A_n = scores + sum_i queries[i] @ keys[i]^T``:
-
-    * ``scores``: a ``[B, H, T, S]`` float32 (float64 model: float64) part of it, or None (materialized: all of
-      ``A_n``; bias: ``A_{n-1}``; in cached decoding only the current step's rows, ``T = 1``);
-    * ``queries``, ``keys``: terms not yet multiplied out, the projected queries (scaled by
-      ``1/sqrt(d)``) and keys of a layer, ``[B, H, T, d]`` / ``[B, H, S, d]`` (bias: this
-      layer's).
-
-    ``terms``: ``n``, the number of layers whose scores are in the sum (the divisor
-    ``c_n`` of mean mode). ``rebuild``: the triton kernel's record of how its backward rebuilds
-    ``scores`` (None from the other kernels).
-    """
+    """What one layer of a residual path hands to the same module of the next layer: the running
+    sum ``A_n = scores + sum_i queries[i] @ keys[i]^T`` of ``terms`` layers, ``[B, H, T, S]``
+    (docs/internals.md#the-residual-attention-rule)."""
 
     scores: Optional[Tensor] = None
     queries: Tuple[Tensor, ...] = ()
@@ -50,10 +35,7 @@ class ResidualState(NamedTuple):
         return cls(scores=scores, terms=terms)
 
     def running_sum(self) -> Tensor:
-        """``A_n`` as a float32 ``[B, H, T, S]`` tensor (float64 for a float64 model:
-        :func:`sum_dtype`), whichever kernel produced it (also
-        under autocast, which would otherwise run these products in half precision). The
-        products are :class:`ScoresInFloat32`'s: no float32 copy of a query or key is kept."""
+        """``A_n`` as a float32 ``[B, H, T, S]`` tensor (:func:`sum_dtype`), also under autocast."""
         device = (self.scores if self.scores is not None else self.queries[0]).device
         with torch.autocast(device_type=device.type, enabled=False):
             if self.scores is None:
@@ -65,11 +47,8 @@ class ResidualState(NamedTuple):
 
 
 class ResidualPath:
-    """One path's residual state through one attention call, in the caller's hands:
-    ``ResidualMultiheadAttention.forward(..., residual_path=path)`` reads the previous
-    layer's :class:`ResidualState` from ``path.state`` (None before the first layer) and
-    leaves its own there, while returning fairseq's ``(attn, attn_weights)``. The module
-    keeps no tensor: the state lives as long as the caller keeps the container."""
+    """One path's residual state through one attention call: ``forward(..., residual_path=path)``
+    reads the previous layer's :class:`ResidualState` from ``path.state`` and leaves its own there."""
 
     __slots__ = ("state",)
 
@@ -83,17 +62,9 @@ def _batched(x: Tensor) -> Tensor:
 
 
 class ScoresInFloat32(torch.autograd.Function):
-    """``total + q k^T`` (``total`` None: ``q k^T``) as a float32 ``[B, H, T, S]`` tensor
-    (float64 for float64 inputs: :func:`sum_dtype`),
-    from ``q`` ``[B, H, T, d]`` and ``k`` ``[B, H, S, d]`` in their own dtype, keeping only
-    ``q`` and ``k`` themselves for backward (autograd of a product of float32 copies keeps
-    the copies: per layer, two float32 tensors the size of q and k, until backward).
-
-    The float32 product of the upcast inputs: on CUDA half-precision inputs go to the
-    tensor cores with float32 accumulation and output (``out_dtype``; products of
-    half-precision numbers are exact in float32), elsewhere they are upcast for the product
-    only. Backward is the float32 product's: ``grad k`` and ``grad^T q`` in float32 on
-    upcast inputs, cast to the inputs' dtype."""
+    """``total + q k^T`` (``total`` None: ``q k^T``) as a float32 ``[B, H, T, S]`` tensor from ``q``
+    ``[B, H, T, d]`` and ``k`` ``[B, H, S, d]``, keeping only ``q`` and ``k`` for backward
+    (docs/internals.md#the-running-sums-precision)."""
 
     @staticmethod
     def forward(ctx, total, q, k):

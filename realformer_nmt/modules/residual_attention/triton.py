@@ -1,35 +1,13 @@
 """The ``triton`` kernel: layer n of a residual path as flash-style Triton kernels that read the
-previous layers' running sum and write their own, and their autograd function (imported only when
-this kernel runs: ``triton_kernel.py``; why it is built so: docs/performance.md).
+previous layers' running sum ``A_{n-1}`` and write their own ``A_n`` (float32; float64 inputs:
+float64), and their autograd function; imported only when this kernel runs (``triton_kernel.py``).
 
-Forward, per block of query rows, over blocks of keys::
-
-    A_n = (q k^T) scale + A_{n-1}     raw and unmasked, float32 (float64 inputs: float64): the
-                                      state handed on; no layer stores it for its own backward
-    P = softmax(mask(A_n / c_n))      online; the row maximum M and sum L are saved
-    out = dropout(P) v                dropout(P) = P * keep / (1 - p), keep drawn per tile
-                                      (Philox, ``tl.rand``), regenerated in backward
-
-Dropout acts on the probabilities only: ``A_n``, the pre-softmax sum handed on, carries none,
-as in the materialized kernel (``self.dropout_module(probs)`` after the sum is formed) and the
-official reference (google-research ``realformer/realformer.py``: ``dropout(attention_probs)``,
-``cur_attention`` returned undropped).
-
-Backward rebuilds ``A_n`` tile by tile from a checkpoint ``A_r`` (r = n - 1 or n - 2, or none)
-by adding the same ``(q_i k_i^T) scale`` tiles as the forward, in its order and with its tiling
-(:func:`_add_scores`, bit-identical), then ``P``, ``dA_own = P (dP - Delta) / c_n`` (zero where
-masked), ``G_n = dA_own + G_{n+1}``, ``dq = G_n k scale``, ``dk = G_n^T q scale``,
-``dv = dropout(P)^T dO``. Dot products accumulate in float32 (float64 inputs: float64); half
-inputs meet the tensor cores as they are, float32 ones in IEEE precision (no TF32).
-
-Masks are the materialized kernel's: padded keys get float32's most negative finite logit (a row
-of padding only attends uniformly to it, sending no gradient), the future (key > query) ``-inf``.
-With ``skip_future`` (causal, every row sees a real key) blocks wholly above the diagonal get no
-product: ``A_n`` is zero there and no gradient flows there (only causal layers read it).
-
-Flags and lengths are runtime values (``do_not_specialize``): one compiled variant per kernel,
-dtype and head-dim block. Under ``TRITON_INTERPRET=1`` (set before triton is imported) the same
-kernels run on CPU tensors in Triton's interpreter: how the CPU tests check them.
+Forward: ``A_n = (q k^T) scale + A_{n-1}`` (raw, unmasked, handed on), ``P = softmax(mask(A_n /
+c_n))`` online, ``out = dropout(P) v``. Dropout acts on the probabilities only: ``A_n``, the
+running sum handed on, carries no dropout, as in the materialized kernel and the official reference
+(google-research ``realformer/realformer.py``). Backward rebuilds ``A_n`` tile by tile with the
+forward's own :func:`_add_scores` (bit-identical). Under ``TRITON_INTERPRET=1`` the kernels run on
+CPU tensors (docs/internals.md#the-triton-kernel).
 """
 
 import contextlib
@@ -47,8 +25,7 @@ RUNTIME = ("T", "S", "dropout_p", "seed", "offset", "has_prev", "has_root", "has
 
 
 def _jit(fn):
-    """``triton.jit`` (lengths, flags, seed and offset never specialized), interpreted exactly when
-    triton's own library functions are."""
+    """``triton.jit`` (runtime values never specialized), interpreted when triton's own functions are."""
     if INTERPRETED:
         return InterpretedFunction(fn)
     names = [name for name in RUNTIME if name in fn.__code__.co_varnames[:fn.__code__.co_argcount]]
@@ -150,9 +127,8 @@ def _backward_kv(Q, K, V, DO, ROOT, Q1, K1, GNEXT, PAD, M, L, DELTA, G, DK, DV, 
                  H, T, S, D, scale, divisor, dropout_p, seed, offset, has_root, has_pair, has_gnext, has_pad, causal,
                  skip_future, DOT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One block of keys: ``A_n`` rebuilt (``ROOT`` + ``Q1 K1^T scale`` if ``has_pair`` + ``Q K^T
-    scale``), ``G_n`` of its column of tiles (written to ``G``), ``dk`` and ``dv``. ``Q1``, ``K1``
-    (the previous layer's) have ``Q``'s and ``K``'s strides."""
+    """One block of keys: ``A_n`` rebuilt (``ROOT`` + ``Q1 K1^T`` if ``has_pair`` + ``Q K^T``, scaled),
+    ``G_n`` of its column of tiles (written to ``G``), ``dk`` and ``dv``."""
     pid_n, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     SUM = G.dtype.element_ty
@@ -283,9 +259,8 @@ def _settings(x: torch.Tensor, head_dim: int):
 
 
 def philox_seed_offset(device: torch.device, count: int):
-    """``(seed, offset)`` for ``count`` dropout draws, from torch's default generator of ``device``
-    (so ``--seed`` reproduces a run): on CUDA its seed and Philox offset, which is advanced past
-    them; on CPU two draws. Both land in ``[2^62, 2^63)``."""
+    """``(seed, offset)`` for ``count`` dropout draws from torch's default generator of ``device``,
+    both in ``[2^62, 2^63)``."""
     if device.type == "cuda":
         gen = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
         offset = gen.get_offset()
@@ -297,9 +272,8 @@ def philox_seed_offset(device: torch.device, count: int):
 
 @contextlib.contextmanager
 def _interpreter_fix():
-    """Triton 3.6's interpreter turns a scalar used as a loop bound into an int with ``int()`` of
-    a one-element array, which numpy >= 2.4 refuses (later Triton takes the element): while
-    our kernels are interpreted, it takes the element."""
+    """While our kernels are interpreted, a scalar loop bound becomes an int by taking its element
+    (Triton 3.6 calls ``int()`` on a one-element array, which numpy >= 2.4 refuses)."""
     from triton.runtime import interpreter
 
     original = getattr(interpreter, "_patch_lang_tensor", None)
@@ -334,7 +308,7 @@ def _no_pad(device):
 
 class ResidualAttention(torch.autograd.Function):
     """``(out, A_n) = f(q, k, v, A_{n-1}, padding)``; ``root``, ``q1``, ``k1``: what backward
-    rebuilds ``A_n`` from (module docstring)."""
+    rebuilds ``A_n`` from."""
 
     @staticmethod
     def forward(ctx, q, k, v, prev, padding, root, q1, k1, causal, skip_future, divisor, scale, dropout_p):
@@ -397,12 +371,9 @@ def residual_attention(q, k, v, prev=None, key_padding_mask=None, *, chain=None,
     """``(out, A_n, chain)``: ``out = dropout(softmax(mask(A_n / divisor))) v`` with
     ``A_n = (q k^T) scale + prev``; ``chain``: what the next layer of the path passes back here.
 
-    ``q`` ``[B, H, T, d]``; ``k``, ``v`` ``[B, H, S, d]`` (float16, bfloat16, float32 or float64,
-    all alike); ``prev``: ``A_{n-1}`` ``[B, H, T, S]`` or None (a path's first layer);
-    ``key_padding_mask``: ``[B, S]``, True at padding; ``causal``: query ``i`` sees keys ``j <= i``
-    only (``T == S``); ``skip_future``: causal, and no row sees only padded keys (``A_n`` is then
-    zero in blocks wholly above the diagonal). ``A_n`` is float32 (float64 for float64 inputs),
-    ``out`` in the inputs' dtype; dropout draws its seed from torch's generator per call."""
+    ``q`` ``[B, H, T, d]``; ``k``, ``v`` ``[B, H, S, d]``; ``prev``: ``A_{n-1}`` ``[B, H, T, S]`` or
+    None; ``key_padding_mask``: ``[B, S]``, True at padding; ``causal``: query ``i`` sees keys
+    ``j <= i`` only; ``skip_future``: causal, and no row sees only padded keys."""
     q, k, v = _rows(q), _rows(k), _rows(v)
     padding = None
     if key_padding_mask is not None:

@@ -1,6 +1,5 @@
-"""The ``triton`` kernel's side of :class:`ResidualMultiheadAttention`: where it applies, the
-fallback where it does not (said once per model), and the call. The kernels are in ``triton.py``,
-imported only when this kernel runs, so the plugin works without triton installed."""
+"""The ``triton`` kernel's side of :class:`ResidualMultiheadAttention`: where it applies, the fallback
+where it does not, and the call (``triton.py`` is imported only when it runs)."""
 
 import importlib.util
 import logging
@@ -20,9 +19,7 @@ MAX_HEAD_DIM = 256
 
 
 def interpreted() -> bool:
-    """Whether Triton kernels run in Triton's interpreter in this process: decided by
-    ``TRITON_INTERPRET`` when triton is first imported (its own library functions are
-    interpreted or compiled then, and ``triton.py``'s kernels follow them)."""
+    """Whether Triton kernels run in Triton's interpreter (``TRITON_INTERPRET`` when triton is imported)."""
     language = sys.modules.get("triton.language")
     if language is None:  # not imported yet: as it will be
         return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
@@ -41,9 +38,7 @@ def _capability(index: int):
 
 def unsupported(device: torch.device, dtype: Optional[torch.dtype] = None,
                 head_dim: Optional[int] = None) -> Optional[str]:
-    """Why the ``triton`` kernel cannot run a call (None: it can). ``dtype``/``head_dim``
-    None: not checked. On CPU it runs only in Triton's interpreter (``TRITON_INTERPRET=1``,
-    set before triton is imported): a check of the kernel, not a way to train."""
+    """Why the ``triton`` kernel cannot run a call (None: it can); ``dtype``/``head_dim`` None: not checked."""
     if not _installed():
         return "triton is not installed: pip install 'realformer-nmt[triton]'"
     if device.type == "cpu":
@@ -67,19 +62,15 @@ def unsupported(device: torch.device, dtype: Optional[torch.dtype] = None,
 
 
 def note_fallback(notes, reason: str, kernel: str) -> None:
-    """Say, once per model (its :class:`~.module.KernelNotes`; None: not said), that ``triton``
-    does not apply for ``reason`` and such calls run ``kernel``."""
+    """Say once per model (``notes``) that ``triton`` does not apply for ``reason``: calls run ``kernel``."""
     if notes is not None:
         notes.say(logging.WARNING, "residual attention kernel 'triton' does not apply here (%s): such calls run "
                   "'%s' (said once per model)", reason, kernel, log=logger)
 
 
 class TritonKernel:
-    """The ``triton`` kernel, a part of :class:`ResidualMultiheadAttention` (its projections,
-    divisor and fallbacks). The state it hands on is the float32 running sum ``A_n``, as
-    ``materialized``'s (zero in the blocks above the diagonal a causal call skipped, which only
-    causal layers read), so any kernel can follow it on a path; ``rebuild`` says what the next
-    triton layer's backward rebuilds its sum from."""
+    """The ``triton`` kernel, a part of :class:`ResidualMultiheadAttention`; it hands on the float32
+    ``A_n``, as ``materialized`` does, so any kernel can follow it on a path."""
 
     def _triton_forward(self, query, key, value, key_padding_mask, attn_mask, prev_state, facts):
         tgt_len, bsz, _ = query.size()
