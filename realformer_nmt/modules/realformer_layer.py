@@ -47,16 +47,9 @@ def checkpoint_layer(layer, offload_to_cpu=False):
 
 def build_attention(layer, embed_dim, cfg, heads, xformers_att_config, residual_args, **kwargs):
     """A ResidualMultiheadAttention with fairseq's dropout and quant-noise settings."""
-    return ResidualMultiheadAttention(
-        embed_dim,
-        heads,
-        dropout=cfg.attention_dropout,
-        q_noise=layer.quant_noise,
-        qn_block_size=layer.quant_noise_block_size,
-        xformers_att_config=xformers_att_config,
-        **residual_args,
-        **kwargs,
-    )
+    return ResidualMultiheadAttention(embed_dim, heads, dropout=cfg.attention_dropout, q_noise=layer.quant_noise,
+                                      qn_block_size=layer.quant_noise_block_size,
+                                      xformers_att_config=xformers_att_config, **residual_args, **kwargs)
 
 
 def feed_forward(layer, x: Tensor) -> Tuple[Tensor, Tensor]:
@@ -94,32 +87,18 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
             self._residual_args, self_attention=True,
         )
 
-    def forward(
-        self,
-        x: Tensor,
-        encoder_padding_mask: Optional[Tensor],
-        attn_mask: Optional[Tensor] = None,
-        prev_state: Optional[ResidualState] = None,
-    ):
+    def forward(self, x: Tensor, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None,
+                prev_state: Optional[ResidualState] = None):
         """``x``: ``[T, B, C]``; returns ``(x, fc_result, state)`` (``fc_result`` None unless ``return_fc``)."""
         if attn_mask is not None:
             # fairseq's convention: 1 = masked, turned into a large finite negative
-            attn_mask = attn_mask.masked_fill(
-                attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4
-            )
+            attn_mask = attn_mask.masked_fill(attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4)
         residual = x
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
         path = ResidualPath(prev_state)
-        x, _ = self.self_attn(
-            query=x,
-            key=x,
-            value=x,
-            key_padding_mask=encoder_padding_mask,
-            need_weights=False,
-            attn_mask=attn_mask,
-            residual_path=path,
-        )
+        x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=encoder_padding_mask, need_weights=False,
+                              attn_mask=attn_mask, residual_path=path)
         state = path.state
         x = self.dropout_module(x)
         x = self.residual_connection(x, residual)
@@ -132,15 +111,8 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
 class RealFormerDecoderLayer(TransformerDecoderLayerBase):
     """Decoder layer: ``prev_self_state`` and ``prev_cross_state`` in, ``self_state`` and ``cross_state`` out."""
 
-    def __init__(
-        self,
-        cfg,
-        no_encoder_attn: bool = False,
-        self_residual: bool = False,
-        cross_residual: bool = False,
-        mode: str = "sum",
-        kernel: str = "auto",
-    ):
+    def __init__(self, cfg, no_encoder_attn: bool = False, self_residual: bool = False, cross_residual: bool = False,
+                 mode: str = "sum", kernel: str = "auto"):
         self._self_residual_args = dict(residual=self_residual, mode=mode, kernel=kernel)
         self._cross_residual_args = dict(residual=cross_residual, mode=mode, kernel=kernel)
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
@@ -160,23 +132,13 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
             kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
         )
 
-    def forward(
-        self,
-        x: Tensor,
-        encoder_out: Optional[Tensor] = None,
-        encoder_padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        prev_self_attn_state: Optional[List[Tensor]] = None,
-        prev_attn_state: Optional[List[Tensor]] = None,
-        self_attn_mask: Optional[Tensor] = None,
-        self_attn_padding_mask: Optional[Tensor] = None,
-        need_attn: bool = False,
-        need_head_weights: bool = False,
-        prev_self_state: Optional[ResidualState] = None,
-        prev_cross_state: Optional[ResidualState] = None,
-        self_mask_facts: Optional[MaskFacts] = None,
-        weights_only_if_asked: bool = False,
-    ):
+    def forward(self, x: Tensor, encoder_out: Optional[Tensor] = None, encoder_padding_mask: Optional[Tensor] = None,
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                prev_self_attn_state: Optional[List[Tensor]] = None, prev_attn_state: Optional[List[Tensor]] = None,
+                self_attn_mask: Optional[Tensor] = None, self_attn_padding_mask: Optional[Tensor] = None,
+                need_attn: bool = False, need_head_weights: bool = False,
+                prev_self_state: Optional[ResidualState] = None, prev_cross_state: Optional[ResidualState] = None,
+                self_mask_facts: Optional[MaskFacts] = None, weights_only_if_asked: bool = False):
         """As fairseq's decoder layer, plus the two residual paths; returns ``(x, attn, self_attn_state,
         self_state, cross_state)``. ``weights_only_if_asked``: cross-attention weights only when
         ``need_attn`` asks; ``self_attn_padding_mask``: ``[B, T]``, cached positions included."""
@@ -194,17 +156,9 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
                 x, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask, self_attn_padding_mask
             )
         self_path = ResidualPath(prev_self_state)
-        x, _ = self.self_attn(
-            query=x,
-            key=y,
-            value=y,
-            key_padding_mask=self_attn_padding_mask,
-            incremental_state=incremental_state,
-            need_weights=False,
-            attn_mask=self_attn_mask,
-            residual_path=self_path,
-            mask_facts=self_mask_facts,
-        )
+        x, _ = self.self_attn(query=x, key=y, value=y, key_padding_mask=self_attn_padding_mask,
+                              incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask,
+                              residual_path=self_path, mask_facts=self_mask_facts)
         self_state = self_path.state
         if self.c_attn is not None:
             tgt_len, bsz = x.size(0), x.size(1)
@@ -228,16 +182,10 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
                 _restore_attn_state(self.encoder_attn, incremental_state, prev_attn_state)
             cross_path = ResidualPath(prev_cross_state)
             x, attn = self.encoder_attn(
-                query=x,
-                key=encoder_out,
-                value=encoder_out,
-                key_padding_mask=encoder_padding_mask,
-                incremental_state=incremental_state,
-                static_kv=True,
+                query=x, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
+                incremental_state=incremental_state, static_kv=True,
                 need_weights=need_attn or (not weights_only_if_asked and not self.training and self.need_attn),
-                need_head_weights=need_head_weights,
-                residual_path=cross_path,
-            )
+                need_head_weights=need_head_weights, residual_path=cross_path)
             cross_state = cross_path.state
             x = self.dropout_module(x)
             x = self.residual_connection(x, residual)

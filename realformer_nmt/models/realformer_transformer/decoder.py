@@ -20,40 +20,27 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         cfg = TransformerConfig.from_namespace(cfg)
         if cfg.base_layers:
-            raise ConfigError(
-                "--base-layers is not supported by realformer_transformer: it inserts BASE "
-                "mixture-of-experts layers, which have no attention, between the decoder "
-                "layers (use transformer_lm-style BASE models without RealFormer)"
-            )
+            raise ConfigError("--base-layers is not supported by realformer_transformer: it inserts BASE "
+                              "mixture-of-experts layers, which have no attention, between the decoder "
+                              "layers (use transformer_lm-style BASE models without RealFormer)")
         # read by build_decoder_layer during fairseq's __init__
         self.residual = residual_config.resolve(cfg)
-        super().__init__(
-            cfg, dictionary, embed_tokens,
-            no_encoder_attn=no_encoder_attn, output_projection=output_projection,
-        )
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
+                         output_projection=output_projection)
         use_fairseq_dropout_names(self, "TransformerDecoder")
         share_kernel_notes(self)  # what its layers say about their kernels, said once per decoder
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = RealFormerDecoderLayer(
-            cfg,
-            no_encoder_attn=no_encoder_attn,
-            self_residual="decoder" in self.residual.paths,
-            cross_residual="cross" in self.residual.paths,
-            mode=self.residual.mode,
-            kernel=self.residual.kernel,
-        )
+        paths = self.residual.paths
+        layer = RealFormerDecoderLayer(cfg, no_encoder_attn=no_encoder_attn, self_residual="decoder" in paths,
+                                       cross_residual="cross" in paths, mode=self.residual.mode,
+                                       kernel=self.residual.kernel)
         return wrap_layer(layer, cfg)
 
-    def extract_features_scriptable(
-        self,
-        prev_output_tokens,
-        encoder_out: Optional[Dict[str, List[Tensor]]],
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        full_context_alignment: bool = False,
-        alignment_layer: Optional[int] = None,
-        alignment_heads: Optional[int] = None,
-    ):
+    def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
+                                    incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                                    full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
+                                    alignment_heads: Optional[int] = None):
         """fairseq's decoder pass (a copy) whose loop threads the ``self_state``/``cross_state`` paths."""
         if alignment_layer is None:
             alignment_layer = self.num_layers - 1
@@ -103,17 +90,10 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
         cross_state: Optional[ResidualState] = None
         for idx, layer in enumerate(self.layers):
             x, layer_attn, _, self_state, cross_state = layer(
-                x,
-                enc,
-                padding_mask,
-                incremental_state,
-                self_attn_mask=self_attn_mask,
-                self_attn_padding_mask=self_attn_padding_mask,
-                need_attn=bool(idx == alignment_layer),
+                x, enc, padding_mask, incremental_state, self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask, need_attn=bool(idx == alignment_layer),
                 need_head_weights=bool(idx == alignment_layer),
-                prev_self_state=self_state,
-                prev_cross_state=cross_state,
-                self_mask_facts=self_facts,
+                prev_self_state=self_state, prev_cross_state=cross_state, self_mask_facts=self_facts,
                 weights_only_if_asked=True,  # only the alignment layer's are kept (as in fairseq)
             )
             inner_states.append(x)

@@ -29,22 +29,12 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
         share_kernel_notes(self)  # what its layers say about their kernels, said once per encoder
 
     def build_encoder_layer(self, cfg):
-        layer = RealFormerEncoderLayer(
-            cfg,
-            return_fc=self.return_fc,
-            residual="encoder" in self.residual.paths,
-            mode=self.residual.mode,
-            kernel=self.residual.kernel,
-        )
+        layer = RealFormerEncoderLayer(cfg, return_fc=self.return_fc, residual="encoder" in self.residual.paths,
+                                       mode=self.residual.mode, kernel=self.residual.kernel)
         return wrap_layer(layer, cfg)
 
-    def forward_scriptable(
-        self,
-        src_tokens,
-        src_lengths: Optional[Tensor] = None,
-        return_all_hiddens: bool = False,
-        token_embeddings: Optional[Tensor] = None,
-    ):
+    def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
+                           token_embeddings: Optional[Tensor] = None):
         """fairseq's encoder pass (a copy) whose loop threads the residual state; fairseq's output dict."""
         encoder_padding_mask = src_tokens.eq(self.padding_idx)
         has_pads = encoder_padding_mask.any()
@@ -69,9 +59,7 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
         if self.layer_norm is not None:
             x = self.layer_norm(x)
 
-        src_lengths = (
-            src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
-        )
+        src_lengths = src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
         return {
             "encoder_out": [x],  # T x B x C
             "encoder_padding_mask": [encoder_padding_mask],  # B x T

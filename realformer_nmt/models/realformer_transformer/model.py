@@ -26,13 +26,11 @@ class RealFormerTransformerModel(TransformerModel):
         return {}
 
     def __prepare_scriptable__(self):
-        raise ConfigError(
-            "torch.jit.script does not support realformer_transformer (TorchScript cannot "
-            "compile the residual attention subclass of fairseq's MultiheadAttention, and "
-            "is deprecated in current PyTorch): use torch.compile(model) instead, or, for a "
-            "model trained with --residual-attention-paths none, load its checkpoint with "
-            "--arch transformer, which scripts"
-        )
+        raise ConfigError("torch.jit.script does not support realformer_transformer (TorchScript cannot "
+                          "compile the residual attention subclass of fairseq's MultiheadAttention, and "
+                          "is deprecated in current PyTorch): use torch.compile(model) instead, or, for a "
+                          "model trained with --residual-attention-paths none, load its checkpoint with "
+                          "--arch transformer, which scripts")
 
     @classmethod
     def add_args(cls, parser):
@@ -64,9 +62,7 @@ class RealFormerTransformerModel(TransformerModel):
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
-        return RealFormerTransformerDecoder(
-            args, tgt_dict, embed_tokens, no_encoder_attn=args.no_cross_attention
-        )
+        return RealFormerTransformerDecoder(args, tgt_dict, embed_tokens, no_encoder_attn=args.no_cross_attention)
 
 
 def _residual_defaults(args):

@@ -85,20 +85,11 @@ class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, M
             return "residual=False"
         return f"residual=True, mode={self.mode}, kernel={self.kernel}"
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[IncrementalState] = None,
-        need_weights: bool = True,
-        static_kv: bool = False,
-        attn_mask: Optional[Tensor] = None,
-        need_head_weights: bool = False,
-        residual_path: Optional[ResidualPath] = None,
-        mask_facts: Optional[MaskFacts] = None,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
+    def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
+                key_padding_mask: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None,
+                need_weights: bool = True, static_kv: bool = False, attn_mask: Optional[Tensor] = None,
+                need_head_weights: bool = False, residual_path: Optional[ResidualPath] = None,
+                mask_facts: Optional[MaskFacts] = None) -> Tuple[Tensor, Optional[Tensor]]:
         """Input ``T x B x C``; returns fairseq's ``(output [T, B, C], weights)``.
 
         ``key_padding_mask``: ``[B, S]``, True at padded keys, covering *all* keys, cached ones
@@ -109,14 +100,10 @@ class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, M
         if not self.residual:
             if prev_state is not None:
                 raise ValueError("prev_state given to an attention module that is not on a residual path")
-            output, weights = super().forward(
-                query, key, value,
-                key_padding_mask=new_keys_padding(key_padding_mask, query, key, incremental_state, static_kv,
-                                                  self.self_attention),
-                incremental_state=incremental_state, need_weights=need_weights,
-                static_kv=static_kv, attn_mask=attn_mask, need_head_weights=need_head_weights,
-            )
-            return output, weights
+            padding = new_keys_padding(key_padding_mask, query, key, incremental_state, static_kv, self.self_attention)
+            return super().forward(query, key, value, key_padding_mask=padding, incremental_state=incremental_state,
+                                   need_weights=need_weights, static_kv=static_kv, attn_mask=attn_mask,
+                                   need_head_weights=need_head_weights)
         need_weights = need_weights or need_head_weights
         kernel = self.kernel_for(query, key, incremental_state, need_weights, prev_state)
         if kernel in ("bias", "triton"):
@@ -134,10 +121,9 @@ class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, M
                 return self.forward(query, key, value, key_padding_mask, incremental_state, need_weights,
                                     static_kv, attn_mask, need_head_weights, residual_path, mask_facts)
         else:
-            output, weights, state = self._materialized_forward(
-                query, key, value, key_padding_mask, incremental_state,
-                need_weights, static_kv, attn_mask, need_head_weights, prev_state,
-            )
+            output, weights, state = self._materialized_forward(query, key, value, key_padding_mask, incremental_state,
+                                                                need_weights, static_kv, attn_mask, need_head_weights,
+                                                                prev_state)
         if residual_path is not None:
             residual_path.state = state
         return output, weights
