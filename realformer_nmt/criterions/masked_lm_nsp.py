@@ -48,10 +48,8 @@ class MaskedLmNspLoss(FairseqCriterion):
         features, _ = model(**sample["net_input"], features_only=True)
         lm_logits = model.encoder.output_layer(features, masked_tokens=masked_tokens)
         lm_targets = target[masked_tokens] if masked_tokens is not None else target
-        mlm_loss = modules.cross_entropy(
-            lm_logits.view(-1, lm_logits.size(-1)), lm_targets.view(-1),
-            reduction="sum", ignore_index=self.padding_idx,
-        )
+        mlm_loss = modules.cross_entropy(lm_logits.view(-1, lm_logits.size(-1)), lm_targets.view(-1), reduction="sum",
+                                         ignore_index=self.padding_idx)
         nsp_logits = model.classification_heads[self.head](features)
         nsp_target = sample["nsp_target"].view(-1)
         nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_target, reduction="sum")
@@ -60,15 +58,9 @@ class MaskedLmNspLoss(FairseqCriterion):
         loss = mlm_loss / n_masked.clamp(min=1) + self.nsp_loss_weight * nsp_loss / nsentences
         mlm_correct, mlm_total = count_correct(lm_logits.detach(), lm_targets, self.padding_idx)
         logging_output = {
-            "loss": loss.data,
-            "mlm_loss": mlm_loss.data,
-            "nsp_loss": nsp_loss.data,
-            "mlm_correct": mlm_correct,
-            "mlm_total": mlm_total,
-            "nsp_correct": (nsp_logits.detach().argmax(dim=-1) == nsp_target).sum(),
-            "ntokens": sample["ntokens"],
-            "nsentences": nsentences,
-            "sample_size": 1,
+            "loss": loss.data, "mlm_loss": mlm_loss.data, "nsp_loss": nsp_loss.data, "mlm_correct": mlm_correct,
+            "mlm_total": mlm_total, "nsp_correct": (nsp_logits.detach().argmax(dim=-1) == nsp_target).sum(),
+            "ntokens": sample["ntokens"], "nsentences": nsentences, "sample_size": 1,
         }
         return loss, 1, logging_output
 

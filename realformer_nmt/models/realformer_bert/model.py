@@ -180,29 +180,14 @@ def _google_defaults(args):
     args.pooler_init_head = safe_getattr(args, "pooler_init_head", GOOGLE_NSP_HEAD)
 
 
-# The paper's Table 1: layers, hidden size, attention heads, FFN (intermediate) size.
-@register_model_architecture("realformer_bert", "realformer_bert_small")
-def realformer_bert_small(args):
-    _dims(args, 4, 512, 8, 2048)
-    realformer_bert_architecture(args)
+def _sized(name, base, dims):
+    """Register architecture ``name``: ``dims`` (layers, hidden size, heads, FFN size) over ``base``."""
+    def architecture(args):
+        _dims(args, *dims)
+        base(args)
 
-
-@register_model_architecture("realformer_bert", "realformer_bert_base")
-def realformer_bert_base(args):
-    _dims(args, 12, 768, 12, 3072)
-    realformer_bert_architecture(args)
-
-
-@register_model_architecture("realformer_bert", "realformer_bert_large")
-def realformer_bert_large(args):
-    _dims(args, 24, 1024, 16, 4096)
-    realformer_bert_architecture(args)
-
-
-@register_model_architecture("realformer_bert", "realformer_bert_xlarge")
-def realformer_bert_xlarge(args):
-    _dims(args, 36, 1536, 24, 6144)
-    realformer_bert_architecture(args)
+    architecture.__name__ = name
+    return register_model_architecture("realformer_bert", name)(architecture)
 
 
 # Google's released RealFormer BERT checkpoints (scripts/convert_google_checkpoint.py):
@@ -213,25 +198,14 @@ def realformer_bert_google(args):
     realformer_bert_architecture(args)
 
 
-@register_model_architecture("realformer_bert", "realformer_bert_google_small")
-def realformer_bert_google_small(args):
-    _dims(args, 4, 512, 8, 2048)
-    realformer_bert_google(args)
-
-
-@register_model_architecture("realformer_bert", "realformer_bert_google_base")
-def realformer_bert_google_base(args):
-    _dims(args, 12, 768, 12, 3072)
-    realformer_bert_google(args)
-
-
-@register_model_architecture("realformer_bert", "realformer_bert_google_large")
-def realformer_bert_google_large(args):
-    _dims(args, 24, 1024, 16, 4096)
-    realformer_bert_google(args)
-
-
-@register_model_architecture("realformer_bert", "realformer_bert_google_xlarge")
-def realformer_bert_google_xlarge(args):
-    _dims(args, 36, 1536, 24, 6144)
-    realformer_bert_google(args)
+# The paper's Table 1: layers, hidden size, attention heads, FFN (intermediate) size.
+SIZES = {"small": (4, 512, 8, 2048), "base": (12, 768, 12, 3072), "large": (24, 1024, 16, 4096),
+         "xlarge": (36, 1536, 24, 6144)}
+realformer_bert_small = _sized("realformer_bert_small", realformer_bert_architecture, SIZES["small"])
+realformer_bert_base = _sized("realformer_bert_base", realformer_bert_architecture, SIZES["base"])
+realformer_bert_large = _sized("realformer_bert_large", realformer_bert_architecture, SIZES["large"])
+realformer_bert_xlarge = _sized("realformer_bert_xlarge", realformer_bert_architecture, SIZES["xlarge"])
+realformer_bert_google_small = _sized("realformer_bert_google_small", realformer_bert_google, SIZES["small"])
+realformer_bert_google_base = _sized("realformer_bert_google_base", realformer_bert_google, SIZES["base"])
+realformer_bert_google_large = _sized("realformer_bert_google_large", realformer_bert_google, SIZES["large"])
+realformer_bert_google_xlarge = _sized("realformer_bert_google_xlarge", realformer_bert_google, SIZES["xlarge"])

@@ -74,25 +74,17 @@ def _residual_defaults(args):
         args.residual_attention_kernel = residual_config.DEFAULT_KERNEL
 
 
-@register_model_architecture("realformer_transformer", "realformer_transformer")
-def realformer_base_architecture(args):
-    base_architecture(args)
-    _residual_defaults(args)
+def _over(name, fairseq_architecture):
+    """Register architecture ``name``: fairseq's ``fairseq_architecture`` plus the residual defaults."""
+    def architecture(args):
+        fairseq_architecture(args)
+        _residual_defaults(args)
+
+    architecture.__name__ = name
+    return register_model_architecture("realformer_transformer", name)(architecture)
 
 
-@register_model_architecture("realformer_transformer", "realformer_transformer_iwslt_de_en")
-def realformer_transformer_iwslt_de_en(args):
-    transformer_iwslt_de_en(args)
-    _residual_defaults(args)
-
-
-@register_model_architecture("realformer_transformer", "realformer_transformer_wmt_en_de")
-def realformer_transformer_wmt_en_de(args):
-    transformer_wmt_en_de(args)
-    _residual_defaults(args)
-
-
-@register_model_architecture("realformer_transformer", "realformer_transformer_wmt_en_de_big")
-def realformer_transformer_wmt_en_de_big(args):
-    transformer_wmt_en_de_big(args)
-    _residual_defaults(args)
+realformer_base_architecture = _over("realformer_transformer", base_architecture)
+realformer_transformer_iwslt_de_en = _over("realformer_transformer_iwslt_de_en", transformer_iwslt_de_en)
+realformer_transformer_wmt_en_de = _over("realformer_transformer_wmt_en_de", transformer_wmt_en_de)
+realformer_transformer_wmt_en_de_big = _over("realformer_transformer_wmt_en_de_big", transformer_wmt_en_de_big)

@@ -13,35 +13,14 @@ added, never accumulated. Kernels ``materialized``, ``bias``, ``triton`` (``auto
 compute the same function; one concept per file (docs/internals.md#kernels).
 """
 
-from .choice import (
-    DEFAULT_CUDA_RULE,
-    KERNELS,
-    PACKAGED_KERNEL_RULE,
-    auto_kernel,
-    cuda_kernel_rule,
-    kernel_rule_source,
-)
+from .choice import DEFAULT_CUDA_RULE, KERNELS, PACKAGED_KERNEL_RULE, auto_kernel, cuda_kernel_rule, kernel_rule_source
 from .masks import MaskFacts
-from .module import IncrementalState, KernelNotes, ResidualMultiheadAttention, share_kernel_notes
+from .module import KernelNotes, ResidualMultiheadAttention, share_kernel_notes
 from .sdpa_probe import bias_has_fused_backend, mask_grad_backends
 from .state import RESIDUAL_MODES, ResidualPath, ResidualState, divisor
 
 __all__ = [
-    "DEFAULT_CUDA_RULE",
-    "IncrementalState",
-    "KernelNotes",
-    "KERNELS",
-    "MaskFacts",
-    "PACKAGED_KERNEL_RULE",
-    "RESIDUAL_MODES",
-    "ResidualMultiheadAttention",
-    "ResidualPath",
-    "ResidualState",
-    "auto_kernel",
-    "bias_has_fused_backend",
-    "cuda_kernel_rule",
-    "divisor",
-    "kernel_rule_source",
-    "mask_grad_backends",
-    "share_kernel_notes",
+    "DEFAULT_CUDA_RULE", "KernelNotes", "KERNELS", "MaskFacts", "PACKAGED_KERNEL_RULE", "RESIDUAL_MODES",
+    "ResidualMultiheadAttention", "ResidualPath", "ResidualState", "auto_kernel", "bias_has_fused_backend",
+    "cuda_kernel_rule", "divisor", "kernel_rule_source", "mask_grad_backends", "share_kernel_notes",
 ]

@@ -1,7 +1,7 @@
 """Which SDPA backend takes the ``bias`` kernel's mask with its gradient, probed once per device."""
 
 import logging
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import torch
@@ -20,20 +20,8 @@ def mask_grad_backends(device: torch.device):
 
 def _in_a_clean_thread(fn, *args):
     """``fn(*args)`` in a new thread, free of the caller's thread-local grad/autocast/hook context."""
-    result, error = [], []
-
-    def target():
-        try:
-            result.append(fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            error.append(exc)
-
-    thread = threading.Thread(target=target, name="realformer-sdpa-probe")
-    thread.start()
-    thread.join()
-    if error:
-        raise error[0]
-    return result[0]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="realformer-sdpa-probe") as pool:
+        return pool.submit(fn, *args).result()
 
 
 def _probe_once(device: str) -> bool:

@@ -11,6 +11,7 @@ CPU tensors (docs/internals.md#the-triton-kernel).
 """
 
 import contextlib
+import functools
 
 import torch
 import triton
@@ -297,13 +298,9 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-_NO_PAD = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _no_pad(device):
-    if device not in _NO_PAD:
-        _NO_PAD[device] = torch.zeros(1, dtype=torch.uint8, device=device)
-    return _NO_PAD[device]
+    return torch.zeros(1, dtype=torch.uint8, device=device)
 
 
 class ResidualAttention(torch.autograd.Function):
