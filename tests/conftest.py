@@ -131,6 +131,30 @@ def pytest_runtest_protocol(item, nextitem):
         _current_item = None
 
 
+# A test not marked slow whose call takes over FAST_TEST_SECONDS gets a warning naming it (in
+# the warnings summary, under xdist too); over LOAD_FACTOR times that it fails. Load makes
+# times vary (up to ~6x seen on the 2-core machine), so the limit that fails is that generous
+# and the warning says where a test has grown slow before it does.
+FAST_TEST_SECONDS = 30
+LOAD_FACTOR = 6
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "call" or not report.passed or item.get_closest_marker("slow") is not None:
+        return
+    if call.duration > FAST_TEST_SECONDS * LOAD_FACTOR:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} took {call.duration:.0f}s, not marked slow: over "
+                           f"{LOAD_FACTOR} x {FAST_TEST_SECONDS}s (conftest.FAST_TEST_SECONDS); make it faster or "
+                           "mark it @pytest.mark.slow with its reason")
+    elif call.duration > FAST_TEST_SECONDS:
+        item.warn(pytest.PytestWarning(f"{item.nodeid} took {call.duration:.0f}s, not marked slow (over "
+                                       f"{FAST_TEST_SECONDS}s: conftest.FAST_TEST_SECONDS)"))
+
+
 # --------------------------------------------------------------------------------------
 # `gpu` tests have a time limit each (issue 51: one ran for minutes and the suite never ended).
 # A test past it fails with one line naming the limit, and every thread's stack is printed
