@@ -43,9 +43,7 @@ def parse_paths(value) -> FrozenSet[str]:
         raise ConfigError(f"{PATHS_FLAG}: 'none' cannot be combined with other paths")
     for word in words:
         if word not in PATHS:
-            raise ConfigError(
-                f"{PATHS_FLAG}: unknown path {word!r} (choose from {', '.join(PATHS)}, or none)"
-            )
+            raise ConfigError(f"{PATHS_FLAG}: unknown path {word!r} (choose from {', '.join(PATHS)}, or none)")
     return frozenset(words)
 
 
@@ -79,14 +77,10 @@ def resolve(cfg, available=PATHS) -> ResidualSettings:
     kernel = parse_kernel(getattr(cfg, "residual_attention_kernel", None) or DEFAULT_KERNEL)
     missing = sorted(paths - set(available), key=PATHS.index)
     if missing:
-        raise ConfigError(
-            f"{PATHS_FLAG} includes {', '.join(missing)} but this model has only "
-            f"{' and '.join(available)} attention paths (use {format_paths(available)} or none)"
-        )
+        raise ConfigError(f"{PATHS_FLAG} includes {', '.join(missing)} but this model has only "
+                          f"{' and '.join(available)} attention paths (use {format_paths(available)} or none)")
     if "cross" in paths and getattr(cfg, "no_cross_attention", False):
-        raise ConfigError(
-            f"{PATHS_FLAG} includes 'cross' but --no-cross-attention removes encoder-decoder attention"
-        )
+        raise ConfigError(f"{PATHS_FLAG} includes 'cross' but --no-cross-attention removes encoder-decoder attention")
     return ResidualSettings(paths, mode, kernel)
 
 
@@ -100,11 +94,9 @@ def warn_if_changed(source: Optional[ResidualSettings], target: ResidualSettings
     if source.mode != target.mode and (source.paths or target.paths):
         changes.append(f"mode {source.mode} -> {target.mode}")
     if changes:
-        logger.warning(
-            "%s was trained with different residual attention settings: %s; the loaded "
-            "weights now compute a different function (fine for warm-starting, wrong for "
-            "evaluating)", what, "; ".join(changes),
-        )
+        logger.warning("%s was trained with different residual attention settings: %s; the loaded weights now "
+                       "compute a different function (fine for warm-starting, wrong for evaluating)", what,
+                       "; ".join(changes))
 
 
 CHECKPOINT_NOTE = "realformer_residual_attention"
@@ -170,29 +162,19 @@ def add_args(parser, available=PATHS):
     group = argument_group(parser, "RealFormer residual attention")
     names = {"encoder": "encoder (self-attention)", "decoder": "decoder (self-attention)",
              "cross": "cross (encoder-decoder attention)"}
-    group.add_argument(
-        PATHS_FLAG, type=_argparse_type(parse_paths, format_paths), metavar="PATHS",
-        help="comma list of attention paths that pass their pre-softmax scores to the next "
-             f"layer: {', '.join(names[p] for p in available)}, or none (the vanilla model). "
-             "Default: every path the model has",
-    )
-    group.add_argument(
-        MODE_FLAG, choices=RESIDUAL_MODES, type=_argparse_type(parse_mode),
-        help="sum: softmax over the running sum of scores (the paper's default); "
-             "mean: over the running mean, sum / number of terms in it (the paper's option for "
-             "deep stacks). Default: sum",
-    )
-    group.add_argument(
-        KERNEL_FLAG, choices=KERNELS, type=_argparse_type(parse_kernel),
-        help="how residual attention is computed (all compute the same function): "
-             "materialized (B x H x T x S float32 scores passed between layers, explicit softmax), "
-             "bias (the previous layers' float32 sum enters PyTorch's scaled_dot_product_attention "
-             "as an additive mask: no probabilities stored on CUDA), "
-             "triton (flash-style Triton kernels that read and write the float32 sum; needs triton, "
-             "pip install 'realformer-nmt[triton]'; where it does not apply, a call runs what auto would, "
-             "said once), or "
-             "auto (per path and call: the rule in modules/residual_attention/choice.py, measured on CPU; "
-             "on CUDA the rule measured on a GPU, shipped in the package; not triton, which met one of its "
-             "four speed / memory targets on an H100). "
-             "Default: auto",
-    )
+    group.add_argument(PATHS_FLAG, type=_argparse_type(parse_paths, format_paths), metavar="PATHS",
+                       help="comma list of attention paths that pass their pre-softmax scores to the next "
+                            f"layer: {', '.join(names[p] for p in available)}, or none (the vanilla model). "
+                            "Default: every path the model has")
+    group.add_argument(MODE_FLAG, choices=RESIDUAL_MODES, type=_argparse_type(parse_mode),
+                       help="sum: softmax over the running sum of scores (the paper's default); "
+                            "mean: over the running mean, sum / number of terms in it (the paper's option for "
+                            "deep stacks). Default: sum")
+    group.add_argument(KERNEL_FLAG, choices=KERNELS, type=_argparse_type(parse_kernel),
+                       help="how residual attention is computed (all compute the same function): "
+                            "materialized (B x H x T x S float32 scores passed between layers, explicit softmax), "
+                            "bias (the previous layers' float32 sum as SDPA's additive mask), "
+                            "triton (flash-style Triton kernels that read and write the float32 sum; pip install "
+                            "'realformer-nmt[triton]'; where it does not apply, a call runs what auto would, said "
+                            "once), or auto (materialized on CPU; on CUDA triton where it applies, else the rule "
+                            "measured on a GPU and shipped in the package). Default: auto")

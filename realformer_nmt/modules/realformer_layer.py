@@ -7,10 +7,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 from fairseq.distributed import fsdp_wrap
-from fairseq.modules.transformer_layer import (
-    TransformerDecoderLayerBase,
-    TransformerEncoderLayerBase,
-)
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
@@ -82,10 +79,8 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
         use_fairseq_dropout_names(self, "TransformerEncoderLayerBase")
 
     def build_self_attention(self, embed_dim, cfg):
-        return build_attention(
-            self, embed_dim, cfg, cfg.encoder.attention_heads, cfg.encoder.xformers_att_config,
-            self._residual_args, self_attention=True,
-        )
+        return build_attention(self, embed_dim, cfg, cfg.encoder.attention_heads, cfg.encoder.xformers_att_config,
+                               self._residual_args, self_attention=True)
 
     def forward(self, x: Tensor, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None,
                 prev_state: Optional[ResidualState] = None):
@@ -119,18 +114,14 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
         use_fairseq_dropout_names(self, "TransformerDecoderLayerBase")
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        return build_attention(
-            self, embed_dim, cfg, cfg.decoder.attention_heads, cfg.decoder.xformers_att_config,
-            self._self_residual_args, self_attention=not cfg.cross_self_attention,
-            add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn,
-        )
+        return build_attention(self, embed_dim, cfg, cfg.decoder.attention_heads, cfg.decoder.xformers_att_config,
+                               self._self_residual_args, self_attention=not cfg.cross_self_attention,
+                               add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
 
     def build_encoder_attention(self, embed_dim, cfg):
-        return build_attention(
-            self, embed_dim, cfg, cfg.decoder.attention_heads, cfg.encoder.xformers_att_config,
-            self._cross_residual_args, encoder_decoder_attention=True,
-            kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
-        )
+        return build_attention(self, embed_dim, cfg, cfg.decoder.attention_heads, cfg.encoder.xformers_att_config,
+                               self._cross_residual_args, encoder_decoder_attention=True,
+                               kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim)
 
     def forward(self, x: Tensor, encoder_out: Optional[Tensor] = None, encoder_padding_mask: Optional[Tensor] = None,
                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,

@@ -86,17 +86,13 @@ class MaskedLMNextSentenceTask(MaskedLMTask):
         lines = data_utils.load_indexed_dataset(split_path, self.source_dictionary, combine=combine)
         if lines is None:
             raise DataError(f"{split_path}.bin/.idx not found (--task masked_lm_nsp, split {split})")
-        pairs = NextSentencePairsDataset(
-            lines, lines.sizes, self.cfg.tokens_per_sample, seed=self.cfg.seed,
-            next_prob=self.cfg.next_sentence_prob, split=split, eos=self.source_dictionary.eos(),
-        )
+        pairs = NextSentencePairsDataset(lines, lines.sizes, self.cfg.tokens_per_sample, seed=self.cfg.seed,
+                                         next_prob=self.cfg.next_sentence_prob, split=split,
+                                         eos=self.source_dictionary.eos())
         d = self.source_dictionary
-        mask = dict(
-            vocab=d, pad_idx=d.pad(), mask_idx=self.mask_idx, seed=self.cfg.seed,
-            mask_prob=self.cfg.mask_prob, leave_unmasked_prob=self.cfg.leave_unmasked_prob,
-            random_token_prob=self.cfg.random_token_prob,
-            freq_weighted_replacement=self.cfg.freq_weighted_replacement,
-        )
+        mask = dict(vocab=d, pad_idx=d.pad(), mask_idx=self.mask_idx, seed=self.cfg.seed, mask_prob=self.cfg.mask_prob,
+                    leave_unmasked_prob=self.cfg.leave_unmasked_prob, random_token_prob=self.cfg.random_token_prob,
+                    freq_weighted_replacement=self.cfg.freq_weighted_replacement)
         src = PairWithSpecialsDataset(MaskTokensDataset(pairs, **mask), pairs, d.bos(), d.eos(), d.eos())
         tgt = PairWithSpecialsDataset(MaskTokensDataset(pairs, return_masked_tokens=True, **mask), pairs, d.pad(),
                                       d.pad(), d.pad())

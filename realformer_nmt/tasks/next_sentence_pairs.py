@@ -83,10 +83,8 @@ class NextSentencePairsDataset(FairseqDataset):
         self.segments, self.segment_doc = build_segments(sizes, self.segment_size)
         n_docs = int(self.segment_doc.max()) + 1 if len(self.segment_doc) else 0
         if n_docs < 2:
-            raise DataError(
-                f"--task masked_lm_nsp needs at least 2 documents in the {split} data (found {n_docs}): "
-                "separate documents with empty lines or WikiText ' = Title = ' headings"
-            )
+            raise DataError(f"--task masked_lm_nsp needs at least 2 documents in the {split} data (found {n_docs}): "
+                            "separate documents with empty lines or WikiText ' = Title = ' headings")
         # documents' segments are contiguous: [doc_first[d], doc_first[d + 1])
         self.doc_first = np.searchsorted(self.segment_doc, np.arange(n_docs + 1))
         # item i -> segment A: every other segment of a document, when one follows it
@@ -181,8 +179,7 @@ class NextSentencePairsDataset(FairseqDataset):
     def num_tokens(self, index):
         return self._sizes[index] + SPECIAL_TOKENS
 
-    def size(self, index):
-        return self._sizes[index] + SPECIAL_TOKENS
+    size = num_tokens
 
     @property
     def supports_prefetch(self):

@@ -48,10 +48,8 @@ class RealFormerBertModel(RobertaModel):
             kwargs.setdefault("wordpiece_vocab", vocab)
         if bpe is not None:
             kwargs["bpe"] = bpe
-        x = hub_utils.from_pretrained(
-            model_name_or_path, checkpoint_file, data_name_or_path, archive_map=cls.hub_models(),
-            load_checkpoint_heads=True, **kwargs,
-        )
+        x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                      archive_map=cls.hub_models(), load_checkpoint_heads=True, **kwargs)
         return RealFormerBertHubInterface(x["args"], x["task"], x["models"][0])
 
     @staticmethod
@@ -59,28 +57,20 @@ class RealFormerBertModel(RobertaModel):
         RobertaModel.add_args(parser)
         residual_config.add_args(parser, available=PATHS)
         group = residual_config.argument_group(parser, "BERT-exact options (Google's TF BERT; off by default)")
-        group.add_argument(
-            "--num-segments", type=int, metavar="N",
-            help="segment (token type) embeddings added to the input, ids derived from the tokens as "
-                 "BERT lays a pair out: 0 up to and including the first </s>, then 1 (<s> A </s> B </s>); "
-                 "padding 0. Default: 0 (none, RoBERTa)",
-        )
-        group.add_argument(
-            "--position-offset", type=int, metavar="K",
-            help="learned positions by index, token t at row t + K, padding included, and padded "
-                 "positions keep their embeddings (BERT: 0). Default: fairseq's (counted over "
-                 "non-padding tokens from padding_idx + 1; padded positions zeroed)",
-        )
-        group.add_argument(
-            "--layer-norm-eps", type=float, metavar="EPS",
-            help="epsilon of every LayerNorm (BERT: 1e-12). Default: 1e-5 (fairseq)",
-        )
-        group.add_argument(
-            "--pooler-init-head", metavar="NAME",
-            help="a classification head that is new when a checkpoint is restored (fine-tuning) "
-                 "starts its dense (pooler) layer from the restored head NAME, as BERT fine-tunes its "
-                 "pre-trained pooler (converted Google checkpoints: next_sentence). Default: none",
-        )
+        group.add_argument("--num-segments", type=int, metavar="N",
+                           help="segment (token type) embeddings added to the input, ids derived from the tokens "
+                                "as BERT lays a pair out: 0 up to and including the first </s>, then 1 (<s> A </s> "
+                                "B </s>); padding 0. Default: 0 (none, RoBERTa)")
+        group.add_argument("--position-offset", type=int, metavar="K",
+                           help="learned positions by index, token t at row t + K, padding included, and padded "
+                                "positions keep their embeddings (BERT: 0). Default: fairseq's (counted over "
+                                "non-padding tokens from padding_idx + 1; padded positions zeroed)")
+        group.add_argument("--layer-norm-eps", type=float, metavar="EPS",
+                           help="epsilon of every LayerNorm (BERT: 1e-12). Default: 1e-5 (fairseq)")
+        group.add_argument("--pooler-init-head", metavar="NAME",
+                           help="a classification head that is new when a checkpoint is restored (fine-tuning) "
+                                "starts its dense (pooler) layer from the restored head NAME, as BERT fine-tunes "
+                                "its pre-trained pooler (converted Google checkpoints: next_sentence). Default: none")
 
     @classmethod
     def build_model(cls, args, task):

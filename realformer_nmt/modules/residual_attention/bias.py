@@ -55,7 +55,6 @@ class BiasKernel:
         # A_n = A_{n-1} + q k^T is formed by the next layer that asks for it
         return output, None, ResidualState(scores=prev, queries=(q,), keys=(k,), terms=terms)
 
-
     def _first_layer_forward(self, query, key, value, key_padding_mask, attn_mask, facts: MaskFacts):
         """The first layer of a path: SDPA on this layer's scores; its queries and keys are handed on."""
         tgt_len, bsz, _ = query.size()

@@ -21,19 +21,15 @@ class MaterializedKernel:
     """The ``materialized`` kernel, a part of :class:`ResidualMultiheadAttention` (which is
     fairseq's ``MultiheadAttention``)."""
 
-    def _materialized_forward(
-        self, query, key, value, key_padding_mask, incremental_state,
-        need_weights, static_kv, attn_mask, need_head_weights, prev_state,
-    ):
+    def _materialized_forward(self, query, key, value, key_padding_mask, incremental_state, need_weights, static_kv,
+                              attn_mask, need_head_weights, prev_state):
         tgt_len, bsz, _ = query.size()
         # fairseq's projections, key/value cache and beam sharing, stopped before its
         # masks and softmax (applied below, over every key, with the running sum)
-        logits, v = MultiheadAttention.forward(
-            self,
-            query, key, value, key_padding_mask=None,
-            incremental_state=cache_for_scores(incremental_state),
-            need_weights=False, static_kv=static_kv, attn_mask=None, before_softmax=True,
-        )
+        logits, v = MultiheadAttention.forward(self, query, key, value, key_padding_mask=None,
+                                               incremental_state=cache_for_scores(incremental_state),
+                                               need_weights=False, static_kv=static_kv, attn_mask=None,
+                                               before_softmax=True)
         src_len = logits.size(-1)
         scores = logits.view(bsz, self.num_heads, tgt_len, src_len).to(sum_dtype(logits.dtype))
         terms = 1
@@ -41,10 +37,8 @@ class MaterializedKernel:
         if prev_state is not None:
             prev = prev_state.running_sum()
             if prev.shape != scores.shape:
-                raise ValueError(
-                    f"the previous layer's scores have shape {tuple(prev.shape)}, expected "
-                    f"{tuple(scores.shape)} (batch x heads x tgt_len x src_len of this layer)"
-                )
+                raise ValueError(f"the previous layer's scores have shape {tuple(prev.shape)}, expected "
+                                 f"{tuple(scores.shape)} (batch x heads x tgt_len x src_len of this layer)")
             # in place: these fresh logits are not needed by autograd (bmm keeps q and k)
             scores = scores.add_(prev)
             terms += prev_state.terms
@@ -84,11 +78,8 @@ class MaterializedKernel:
         kv_bsz = v.size(0) // self.num_heads
         if kv_bsz != bsz:
             # Beam search shares one encoder copy per sentence (fairseq's set_beam_size).
-            attn = torch.einsum(
-                "bxhts,bhsd->bxhtd",
-                probs.view((kv_bsz, -1) + probs.shape[1:]),
-                v.view(kv_bsz, self.num_heads, -1, self.head_dim),
-            )
+            attn = torch.einsum("bxhts,bhsd->bxhtd", probs.view((kv_bsz, -1) + probs.shape[1:]),
+                                v.view(kv_bsz, self.num_heads, -1, self.head_dim))
         else:
             attn = torch.matmul(probs, v.view(bsz, self.num_heads, -1, self.head_dim))
         return self._project_out(attn, tgt_len, bsz)
