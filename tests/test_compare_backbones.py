@@ -11,7 +11,6 @@ import math
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -20,79 +19,30 @@ import pytest
 import sacrebleu
 from cli_helpers import command
 from conftest import BIN, MULTI30K, REPO, USER_DIR, cli_env, require_shared_data
+from harness_helpers import TINY_SIZE, copy_data, raw_2017, tiny_recipe
 
 from realformer_nmt.errors import ConfigError
-from realformer_tools.data import multi30k, pipeline
+from realformer_tools.data import pipeline
 from realformer_tools.experiments import compare, fairseq_runs
 
 # fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
 pytestmark = pytest.mark.usefixtures("fairseq_fixes")
 
-TINY_SIZE = dict(layers=2, embed_dim=32, ffn_dim=64, heads=2)
+pytest_plugins = ("harness_fixtures",)  # m30k_slice, m30k_three_sets, tiny_comparison: once per session (per worker)
+
+
+def __getattr__(name):
+    """``from test_compare_backbones import m30k_slice`` (older test files) still finds the fixture; it
+    is not bound here, or pytest would build it once more for this module."""
+    if name == "m30k_slice":
+        import harness_fixtures
+
+        return harness_fixtures.m30k_slice
+    raise AttributeError(name)
 
 
 def _quiet(message):
     pass
-
-
-@pytest.fixture(scope="module")
-def m30k_slice(tmp_path_factory):
-    """The first sentences of the real Multi30k splits: SentencePiece (vocab 200) + fairseq-preprocess,
-    laid out as scripts/prepare_data.py does (prepare.json names the raw text)."""
-    require_shared_data(MULTI30K)
-    dest = tmp_path_factory.mktemp("m30k_slice")
-    raw, spm_dir = dest / "work" / "raw", dest / "work" / "spm"
-    sizes = {"train": 300, "valid": 24, "test": 20}
-    for split, name in multi30k.MULTI30K_FILES.items():
-        paths = [multi30k._find_raw_file(str(MULTI30K), name, lang) for lang in pipeline.LANGS]
-        pairs, _ = pipeline.read_parallel(*paths)
-        pipeline.write_split(str(raw), split, pairs[: sizes[split]])
-    model = pipeline.train_sentencepiece(str(raw), str(spm_dir / "spm"), 200)
-    pipeline.encode_files(model, str(raw), str(spm_dir))
-    pipeline.binarize(str(spm_dir), str(dest))
-    shutil.copyfile(model, dest / "spm.model")
-    (dest / "prepare.json").write_text(json.dumps({"raw_dir": str(raw)}))
-    return dest
-
-
-def _copy_data(src, dest):
-    """A data folder copied elsewhere, its prepare.json naming the copy's raw text."""
-    shutil.copytree(src, dest)
-    (dest / "prepare.json").write_text(json.dumps({"raw_dir": str(dest / "work" / "raw")}))
-    return dest
-
-
-def _raw_2017(raw, sizes=(("test_2017_flickr", 16), ("test_2017_mscoco", 12))):
-    """The first lines of the two 2017 test sets (En, De), gzipped as the official files are."""
-    import gzip
-
-    require_shared_data(MULTI30K)
-    os.makedirs(raw, exist_ok=True)
-    for name, n in sizes:
-        for lang in pipeline.LANGS:
-            with gzip.open(MULTI30K / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
-                lines = f.readlines()[:n]
-            with gzip.open(raw / f"{name}.{lang}.gz", "wt", encoding="utf-8") as f:
-                f.writelines(lines)
-    return raw
-
-
-@pytest.fixture(scope="module")
-def m30k_three_sets(m30k_slice, tmp_path_factory):
-    """``m30k_slice`` copied, with the 2017 test sets added (16 and 12 sentences) by
-    ``corpora.add_test_sets``: three test sets, the headline test_2016_flickr first."""
-    from realformer_tools.data import corpora
-
-    root = tmp_path_factory.mktemp("m30k_three")
-    dest = _copy_data(m30k_slice, root / "m30k_slice")  # the same folder name: the same recipe
-    corpora.add_test_sets(str(dest), raw_dir=str(_raw_2017(root / "raw")))
-    return dest
-
-
-def tiny_recipe(**overrides):
-    settings = dict(TINY_SIZE, max_update=4, warmup_updates=2, max_tokens=1000, beam=1, log_interval=2)
-    settings.update(overrides)
-    return compare.Recipe(**settings)
 
 
 # --------------------------------------------------------------------------------------
@@ -100,11 +50,11 @@ def tiny_recipe(**overrides):
 # --------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_comparison_writes_results_then_reuses_finished_runs(m30k_slice, tmp_path):
-    out, results = tmp_path / "runs", tmp_path / "results" / "m30k.json"
-    messages = []
-    summary = compare.compare(str(m30k_slice), str(out), tiny_recipe(), results_path=str(results),
-                              threads=1, log=messages.append, jobs=2)
+def test_comparison_writes_results_then_reuses_finished_runs(m30k_slice, tiny_comparison):
+    """The session's ``tiny_comparison`` (the three backbones, two trainings at once) is what the
+    harness wrote; the same call again trains and decodes nothing; another recipe is refused."""
+    out, results, summary, messages = tiny_comparison
+    messages = list(messages)
 
     data = json.loads(results.read_text())  # strict JSON: no NaN
     refs = pipeline.read_lines(str(m30k_slice / "work" / "raw" / "test.de"))
@@ -159,25 +109,6 @@ def test_comparison_writes_results_then_reuses_finished_runs(m30k_slice, tmp_pat
     with pytest.raises(fairseq_runs.RunError, match="different command"):
         compare.compare(str(m30k_slice), str(out), tiny_recipe(max_update=5), backbones=("postln",),
                         threads=1, log=_quiet)
-
-
-@pytest.mark.slow
-def test_interrupted_run_resumes_from_checkpoint_last(m30k_slice, tmp_path):
-    """A run killed after its first checkpoint is restarted by the same call and fairseq
-    continues from checkpoint_last.pt (the log shows the restore; updates add up)."""
-    recipe = tiny_recipe(max_update=6, extra=["--save-interval-updates", "3"])
-    run_dir = tmp_path / "realformer" / "seed1"
-    cmd = compare.train_command(str(m30k_slice), "realformer", recipe, 1, str(run_dir))
-    # the first attempt: the same command with a smaller budget, stopped at update 3, as if killed
-    first = [c if c != "6" or cmd[i - 1] != "--max-update" else "3" for i, c in enumerate(cmd)]
-    run_dir.mkdir(parents=True)
-    subprocess.run(first, check=True, capture_output=True, env=cli_env())
-    (run_dir / "attempts.json").write_text(json.dumps([{"command": cmd, "start": 0.0, "end": None}]))
-    record = fairseq_runs.train_resumable(cmd, str(run_dir), log=_quiet, env=cli_env())
-    log = (run_dir / "train.log").read_text()
-    assert "Loaded checkpoint" in log and "(epoch 1 @ 3 updates)" in log
-    assert record["status"] == "finished" and record["updates"] == 6 and record["attempts"] == 2
-    assert [rec["update"] for rec in record["curve"]][-1] == 6
 
 
 # --------------------------------------------------------------------------------------
@@ -283,10 +214,16 @@ def test_recipe_refuses_bad_settings():
 
 
 @pytest.mark.slow
-def test_cli_help_and_one_line_errors(tmp_path):
+def test_cli_help_and_one_line_errors(tmp_path, capsys):
+    """--help names every option (the script's parse_args, in this process); a refused data folder is
+    one line from the script started as a user starts it."""
+    from realformer_tools.cli import compare_backbones as cli
+
     script = str(REPO / "scripts" / "compare_backbones.py")
-    help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
-                               env=cli_env(), check=True).stdout
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse_args(["--help"])
+    help_text = capsys.readouterr().out
+    assert exit_.value.code == 0
     for flag in ("--lr-sweep", "--seeds", "--backbones", "--device", "--max-update", "--max-minutes",
                  "--residual-attention-mode", "--train-args", "--select-by-bleu", "--size"):
         assert flag in help_text
@@ -413,66 +350,66 @@ def test_data_folder_names_its_test_sets(m30k_slice, m30k_three_sets):
 
 @pytest.mark.slow
 def test_every_test_set_is_scored_and_a_run_scored_before_is_decoded_only(m30k_slice, tmp_path):
-    """A run trained on a folder with one test set is scored on the two added later by the same
-    command again (decoding its checkpoint_best.pt; nothing trains), with --report-only too; a run
-    trained after they were added is scored on all three at once. Each score is sacreBLEU of that
-    set's hypotheses, in corpus order, against its raw references."""
+    """A run trained on a folder with one test set (Post-LN) is scored on the two added later by the
+    same command again (decoding its checkpoint_best.pt; nothing trains), with --report-only too; a
+    run trained after they were added (Pre-LN) is scored on all three at once, and the two are paired
+    on each set and over the sets. Each score is sacreBLEU of that set's hypotheses, in corpus order,
+    against its raw references."""
     from realformer_tools.data import corpora
 
-    data = _copy_data(m30k_slice, tmp_path / "m30k_slice")
+    data = copy_data(m30k_slice, tmp_path / "m30k_slice")
     out, results = tmp_path / "runs", tmp_path / "results" / "m30k.json"
-    compare.compare(str(data), str(out), tiny_recipe(), backbones=("postln", "preln"), results_path=str(results),
+    compare.compare(str(data), str(out), tiny_recipe(), backbones=("postln",), results_path=str(results),
                     threads=1, log=_quiet)
     first = json.loads(results.read_text())
-    assert "test_sets" not in first and "bleu_per_seed_by_test_set" not in first["preln"]
+    assert "test_sets" not in first and "bleu_per_seed_by_test_set" not in first["postln"]
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.pt")}
-    corpora.add_test_sets(str(data), raw_dir=str(_raw_2017(tmp_path / "raw")))
+    corpora.add_test_sets(str(data), raw_dir=str(raw_2017(tmp_path / "raw")))
 
     messages = []
-    summary = compare.compare(str(data), str(out), tiny_recipe(), backbones=("postln", "preln"),
+    summary = compare.compare(str(data), str(out), tiny_recipe(), backbones=("postln",),
                               results_path=str(results), threads=1, log=messages.append, report_only=True)
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps and not any("updates" in m and "ETA" in m
                                                                            for m in messages)
-    assert any("decoding 2 finished runs on the test sets they lack" in m for m in messages)
+    assert any("decoding 1 finished runs on the test sets they lack" in m for m in messages)
     sets = compare.corpus_info(str(data))["test_sets"]
-    for b in ("postln", "preln"):
-        run_dir = out / b / "seed1"
-        record = json.loads((run_dir / "result.json").read_text())
-        assert list(record["bleu_by_test_set"]) == [t["name"] for t in sets]
-        assert record["bleu_by_test_set"]["test_2016_flickr"] == record["bleu"] == first[b]["bleu"]
-        for t in sets[1:]:
-            hyps = _hyps(run_dir / f"generate_{t['name']}.txt")
-            refs = pipeline.read_lines(t["references"])
-            assert len(hyps) == len(refs) in (16, 12)
-            assert record["bleu_by_test_set"][t["name"]] == pytest.approx(
-                sacrebleu.corpus_bleu(hyps, [refs]).score, abs=0.006)
-
-            assert record["test_set_scores"][t["name"]]["split"] == t["split"]
-            assert (results.parent / "m30k_hyps" / f"{b}_seed1.{t['name']}.txt").read_text().splitlines() == hyps
-        entry = summary[b]
-        assert entry["bleu_per_seed_by_test_set"] == {n: [v] for n, v in record["bleu_by_test_set"].items()}
-        assert entry["bleu"] == first[b]["bleu"]  # the headline keeps its meaning
-    diff = summary["preln"]["seed_paired_vs_postln_by_test_set"]
-    assert list(diff) == [t["name"] for t in sets]
-    for name, record in diff.items():
-        assert record["per_seed"] == [pytest.approx(summary["preln"]["bleu_by_test_set"][name]
-                                                    - summary["postln"]["bleu_by_test_set"][name], abs=1e-9)]
-    over = summary["preln"]["seed_paired_vs_postln_over_test_sets"]
-    assert over["per_seed"] == [pytest.approx(sum(r["per_seed"][0] for r in diff.values()) / 3, abs=1e-9)]
-    md = results.with_suffix(".md").read_text()
-    assert "**Every test set**" in md and "ΔBLEU `test_2017_mscoco`" in md and "mean of the test sets" in md
+    run_dir = out / "postln" / "seed1"
+    record = json.loads((run_dir / "result.json").read_text())
+    assert list(record["bleu_by_test_set"]) == [t["name"] for t in sets]
+    assert record["bleu_by_test_set"]["test_2016_flickr"] == record["bleu"] == first["postln"]["bleu"]
+    for t in sets[1:]:
+        hyps = _hyps(run_dir / f"generate_{t['name']}.txt")
+        refs = pipeline.read_lines(t["references"])
+        assert len(hyps) == len(refs) in (16, 12)
+        assert record["bleu_by_test_set"][t["name"]] == pytest.approx(
+            sacrebleu.corpus_bleu(hyps, [refs]).score, abs=0.006)
+        assert record["test_set_scores"][t["name"]]["split"] == t["split"]
+        assert (results.parent / "m30k_hyps" / f"postln_seed1.{t['name']}.txt").read_text().splitlines() == hyps
+    entry = summary["postln"]
+    assert entry["bleu_per_seed_by_test_set"] == {n: [v] for n, v in record["bleu_by_test_set"].items()}
+    assert entry["bleu"] == first["postln"]["bleu"]  # the headline keeps its meaning
     assert [t["name"] for t in json.loads(results.read_text())["test_sets"]] == [t["name"] for t in sets]
 
     # asked again: nothing decoded again; a run trained now is scored on all three at once
     outputs = {p: p.stat().st_mtime_ns for p in out.rglob("generate*.txt")}
     messages.clear()
-    again = compare.compare(str(data), str(out), tiny_recipe(), backbones=("postln", "preln", "realformer"),
+    again = compare.compare(str(data), str(out), tiny_recipe(), backbones=("postln", "preln"),
                             results_path=str(results), threads=1, log=messages.append)
     assert {p: p.stat().st_mtime_ns for p in outputs} == outputs
-    assert sum("already done" in m for m in messages) == 2
-    fresh = json.loads((out / "realformer" / "seed1" / "result.json").read_text())
+    assert sum("already done" in m for m in messages) == 1
+    fresh = json.loads((out / "preln" / "seed1" / "result.json").read_text())
     assert list(fresh["bleu_by_test_set"]) == [t["name"] for t in sets]
-    assert again["realformer"]["seed_paired_vs_postln_over_test_sets"]["seeds"] == [1]
+    assert again["preln"]["bleu_per_seed_by_test_set"] == {n: [v] for n, v in fresh["bleu_by_test_set"].items()}
+    diff = again["preln"]["seed_paired_vs_postln_by_test_set"]
+    assert list(diff) == [t["name"] for t in sets]
+    for name, paired in diff.items():
+        assert paired["per_seed"] == [pytest.approx(again["preln"]["bleu_by_test_set"][name]
+                                                    - again["postln"]["bleu_by_test_set"][name], abs=1e-9)]
+    over = again["preln"]["seed_paired_vs_postln_over_test_sets"]
+    assert over["seeds"] == [1]
+    assert over["per_seed"] == [pytest.approx(sum(r["per_seed"][0] for r in diff.values()) / 3, abs=1e-9)]
+    md = results.with_suffix(".md").read_text()
+    assert "**Every test set**" in md and "ΔBLEU `test_2017_mscoco`" in md and "mean of the test sets" in md
 
 
 @pytest.mark.slow
@@ -506,8 +443,9 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(m30k_slice, tmp_pa
         # every epoch trained once, in order (the fix must not move an uninterrupted run's epochs)
         epochs = ["1", "2"] if name == "whole" else ["2"]
         assert re.findall(r"begin training epoch (\d+)", log) == epochs
-        if name == "resumed":
-            assert loaded in log
+        if name == "resumed":  # restarted by the same call, fairseq continues from checkpoint_last.pt
+            assert "Loaded checkpoint" in log and loaded in log and record["attempts"] == 2
+            assert [rec["update"] for rec in record["curve"]][-1] == 22
         with safe_checkpoint_loading.fairseq_checkpoint_types():  # weights only, fairseq's types allowed
             ends[name] = torch.load(run_dir / "checkpoint_last.pt", map_location="cpu")["model"]
     whole, resumed = ends["whole"], ends["resumed"]

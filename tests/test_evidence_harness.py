@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import sacrebleu
 from conftest import REPO, cli_env
-from test_compare_backbones import m30k_slice, tiny_recipe  # noqa: F401  (fixture)
+from harness_helpers import tiny_recipe
 
 from realformer_tools.experiments import compare, fairseq_runs
 from realformer_tools.experiments.translation import depth as depth_study
+
+pytest_plugins = ("harness_fixtures",)  # m30k_slice: once per session (per worker)
 
 SCRIPT = str(REPO / "scripts" / "compare_backbones.py")
 TINY_SIZE_CLI = ["--embed-dim", "32", "--ffn-dim", "64", "--heads", "2", "--max-update", "4",
@@ -163,14 +165,15 @@ def test_depth_stress_cli_runs_every_depth_and_backbone(m30k_slice, tmp_path):
     assert d["recipe"]["settings"]["embed_dim"] == 32 and d["recipe"]["depths"] == [1, 2]
 
 
-@pytest.mark.slow
-def test_cli_refuses_two_experiments_at_once(tmp_path):
-    proc = subprocess.run([sys.executable, SCRIPT, "--data", tmp_path, "--out", tmp_path, "--depth-stress",
-                           "--path-ablation"], capture_output=True, text=True, env=cli_env())
-    assert proc.returncode == 2 and "--depth-stress and --path-ablation are separate experiments" in proc.stderr
-    proc = subprocess.run([sys.executable, SCRIPT, "--data", tmp_path, "--out", tmp_path, "--depth-stress",
-                           "--layers", "3"], capture_output=True, text=True, env=cli_env())
-    assert proc.returncode == 2 and "drop --layers" in proc.stderr
+def test_cli_refuses_two_experiments_at_once(tmp_path, capsys):
+    """The script's own argument checks (its parse_args, in this process: argparse's exit status 2)."""
+    from realformer_tools.cli import compare_backbones as cli
+
+    for extra, expected in ((["--path-ablation"], "--depth-stress and --path-ablation are separate experiments"),
+                            (["--layers", "3"], "drop --layers")):
+        with pytest.raises(SystemExit) as exit_:
+            cli.parse_args(["--data", str(tmp_path), "--out", str(tmp_path), "--depth-stress", *extra])
+        assert exit_.value.code == 2 and expected in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------

@@ -6,25 +6,26 @@ import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO, cli_env
-from test_compare_backbones import _quiet, m30k_slice, m30k_three_sets, tiny_recipe  # noqa: F401  (fixtures)
+from harness_helpers import tiny_recipe
+from test_compare_backbones import _quiet
 
 from realformer_nmt.errors import ConfigError, DataError
 from realformer_tools.experiments import compare
 from realformer_tools.experiments.translation import imports
 
+pytest_plugins = ("harness_fixtures",)  # m30k_slice, m30k_three_sets, tiny_comparison: once per session
+
 
 @pytest.fixture(scope="module")
-def committed(m30k_slice, tmp_path_factory):  # noqa: F811
-    """A finished main comparison (Post-LN and RealFormer, seed 1) and its results file."""
-    root = tmp_path_factory.mktemp("committed")
-    results = root / "results" / "m30k.json"
-    compare.compare(str(m30k_slice), str(root / "runs"), tiny_recipe(), backbones=("postln", "realformer"),
-                    results_path=str(results), threads=1, log=_quiet)
+def committed(m30k_slice, tiny_comparison, tmp_path_factory):
+    """A finished main comparison (Post-LN and RealFormer, seed 1) and its results file: the session's
+    ``tiny_comparison`` runs (trained once, shared with test_compare_backbones) reported alone."""
+    out = tiny_comparison[0]
+    results = tmp_path_factory.mktemp("committed") / "results" / "m30k.json"
+    compare.compare(str(m30k_slice), str(out), tiny_recipe(), backbones=("postln", "realformer"),
+                    results_path=str(results), threads=1, log=_quiet, report_only=True)
     return results
 
 
@@ -34,7 +35,7 @@ def _entry_fields(entry):
 
 
 @pytest.mark.slow
-def test_the_same_command_trains_the_same_run_again(m30k_slice, committed, tmp_path):  # noqa: F811
+def test_the_same_command_trains_the_same_run_again(m30k_slice, committed, tmp_path):
     """The premise of importing: Post-LN trained again in a new folder gives the committed
     validation curve and test BLEU exactly."""
     again = compare.compare(str(m30k_slice), str(tmp_path / "runs"), tiny_recipe(), backbones=("postln",),
@@ -53,7 +54,7 @@ def test_the_same_command_trains_the_same_run_again(m30k_slice, committed, tmp_p
 
 
 @pytest.mark.slow
-def test_imported_runs_are_reported_and_paired_with_a_new_backbone(m30k_slice, committed, tmp_path):  # noqa: F811
+def test_imported_runs_are_reported_and_paired_with_a_new_backbone(m30k_slice, committed, tmp_path):
     old = json.loads(committed.read_text())
     out, results, messages = tmp_path / "runs", tmp_path / "m30k.json", []
     written = imports.import_results(str(committed), str(m30k_slice), str(out), tiny_recipe(), log=messages.append)
@@ -80,7 +81,7 @@ def test_imported_runs_are_reported_and_paired_with_a_new_backbone(m30k_slice, c
 
 
 @pytest.mark.slow
-def test_another_recipe_is_refused_naming_the_flag(m30k_slice, committed, tmp_path):  # noqa: F811
+def test_another_recipe_is_refused_naming_the_flag(m30k_slice, committed, tmp_path):
     with pytest.raises(ConfigError, match="--max-update 4 where this run has --max-update 5"):
         imports.import_results(str(committed), str(m30k_slice), str(tmp_path), tiny_recipe(max_update=5))
     with pytest.raises(ConfigError, match="--dropout 0.1 where this run has --dropout 0.3"):
@@ -92,7 +93,7 @@ def test_another_recipe_is_refused_naming_the_flag(m30k_slice, committed, tmp_pa
 
 
 @pytest.mark.slow
-def test_a_stability_grid_is_imported_cell_by_cell(m30k_slice, tmp_path):  # noqa: F811
+def test_a_stability_grid_is_imported_cell_by_cell(m30k_slice, tmp_path):
     """The grid's runs at every learning rate come back from its results file (a fresh machine
     resumes a grid that spans sessions): nothing trains again and the cells are the file's."""
     grid = dict(lrs=[1e-3, 5e-4], depth=1, backbones=("postln",), seeds=(1,), threads=1)
@@ -134,17 +135,18 @@ def test_a_stability_grid_is_imported_cell_by_cell(m30k_slice, tmp_path):  # noq
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.slow
-def test_cli_refuses_import_for_other_studies_and_missing_files(tmp_path):
-    script = str(REPO / "scripts" / "compare_backbones.py")
+def test_cli_refuses_import_for_other_studies_and_missing_files(tmp_path, capsys):
+    """The script's own argument checks (its parse_args, in this process: argparse's exit status 2)."""
+    from realformer_tools.cli import compare_backbones as cli
+
     cases = ((["--import-results", str(tmp_path / "none.json")], "--import-results .*none.json: no such file"),
              (["--lr-sweep", "--import-results", __file__],
               "applies to the main comparison, --depth-stress and --stability-limit, not --lr-sweep"))
     for extra, expected in cases:
-        proc = subprocess.run([sys.executable, script, "--data", str(tmp_path), "--out", str(tmp_path / "o")] + extra,
-                              capture_output=True, text=True, env=cli_env())
-        assert proc.returncode == 2
-        lines = proc.stderr.strip().splitlines()
+        with pytest.raises(SystemExit) as exit_:
+            cli.parse_args(["--data", str(tmp_path), "--out", str(tmp_path / "o")] + extra)
+        assert exit_.value.code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
         assert re.search(expected, lines[-1]), lines
 
 
@@ -179,7 +181,7 @@ def _fake_finished(data, out, backbone, seed, bleu, loss, by_set=None, seconds=6
     return record
 
 
-def test_ten_seed_layout_from_a_committed_file_with_reproducibility(m30k_three_sets, tmp_path):  # noqa: F811
+def test_ten_seed_layout_from_a_committed_file_with_reproducibility(m30k_three_sets, tmp_path):
     """The committed file has four backbones, seeds 1-3, scored on test_2016_flickr only. New
     runs of Pre-LN and RealFormer on Pre-LN (seeds 1, 4, 5, on three test sets) are reported
     with --report-only beside it: seeds 2-3 come from the file in memory (nothing is written
