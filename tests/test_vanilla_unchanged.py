@@ -18,6 +18,12 @@ third epoch, ``fairseq-generate`` (float32 and ``--bf16``), ``fairseq-validate``
 0.12 cannot load its own checkpoints under torch >= 2.6 (weights-only loading refuses
 ``argparse.Namespace``): the two plain runs load with torch's own
 ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` (safe here: the checkpoints are the test's own).
+fairseq alone runs in a process of its own (a process that never imported the plugin: the
+isolation is the point); the plugin's and the launcher's runs run in the test process
+(``inprocess.run_in_process``: the console command's function, ``fixes=False`` for the plain
+command with ``--user-dir``, the launcher's ``main`` for the launcher), meanwhile. The typo's
+three runs and the hub script keep processes of their own (fairseq's lists of choices are those
+of a fresh process; the hub is a script a user runs).
 Identical in all three: every log line, every checkpoint's weights, every hypothesis and
 score, the validation loss, the hub's translations; ``fairseq-generate --bf16`` too, unless
 the launcher is asked for ``--cpu-bf16`` (bfloat16 decoding; fairseq alone decodes in
@@ -32,10 +38,12 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 from conftest import BIN, USER_DIR, cli_env, trains
+from inprocess import run_in_process
 
 from realformer_tools.fairseq_fixes.safe_checkpoint_loading import fairseq_checkpoint_types
 
@@ -103,14 +111,19 @@ COMMON = ["--optimizer", "adam", "--lr", "1e-3", "--cpu", "--max-epoch", "2", "-
           "--log-format", "json", "--log-interval", "5"]
 
 
-def _start(data, flags, save_dir, plugin, data_fixes):
-    """fairseq-train alone, or with the plugin through the launcher (and its data fixes)."""
+def _start(data, flags, save_dir):
+    """fairseq-train alone, in a process that never imports the plugin."""
     args = [str(data), *flags, *COMMON, "--save-dir", str(save_dir)]
-    if plugin:
-        cmd = [*LAUNCHER, *(["--data-fixes"] if data_fixes else []), "fairseq-train", *args, "--user-dir", USER_DIR]
-    else:
-        cmd = [str(BIN / "fairseq-train"), *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_switched())
+    return subprocess.Popen([str(BIN / "fairseq-train"), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=_switched())
+
+
+def _launched(data, flags, save_dir, data_fixes):
+    """The same with the plugin through the launcher (and its data fixes), in this process."""
+    args = [str(data), *flags, *COMMON, "--save-dir", str(save_dir), "--user-dir", USER_DIR]
+    with _unswitched():
+        proc = run_in_process("fairseq-train", *args, check=False, data_fixes=data_fixes)
+    return proc
 
 
 def _records(output):
@@ -128,13 +141,15 @@ def _records(output):
 
 def _train_three(data, flags, tmp_path):
     """Logs of fairseq alone, with the plugin through the launcher, and that with its data fixes."""
-    runs = {name: _start(data, flags, tmp_path / name, plugin, data_fixes)
-            for name, plugin, data_fixes in (("alone", False, False), ("plugin", True, False), ("fixed", True, True))}
-    out = {}
-    for name, proc in runs.items():
-        stdout, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, f"{name}:\n{stdout[-3000:]}"
-        out[name] = stdout
+    alone = _start(data, flags, tmp_path / "alone")
+    launched = {name: _launched(data, flags, tmp_path / name, data_fixes)
+                for name, data_fixes in (("plugin", False), ("fixed", True))}
+    stdout, _ = alone.communicate(timeout=600)
+    assert alone.returncode == 0, f"alone:\n{stdout[-3000:]}"
+    out = {"alone": stdout}
+    for name, proc in launched.items():
+        assert proc.returncode == 0, f"{name}:\n{proc.stderr[-3000:]}"
+        out[name] = proc.stdout + proc.stderr
     return out
 
 
@@ -180,6 +195,28 @@ def _switched(**values):
         env.pop(name, None)
     env.update(values)
     return env
+
+
+class _unswitched:
+    """This process's environment without the switches and torch's weights-only switches while
+    a run in process starts (``run_in_process`` puts back what it found): as ``_switched``."""
+
+    def __init__(self, **values):
+        self.values = values
+
+    def __enter__(self):
+        import os
+
+        self.saved = {k: os.environ.pop(k) for k in (*SWITCHES, "TORCH_FORCE_WEIGHTS_ONLY_LOAD", TORCH_UNSAFE)
+                      if k in os.environ}
+        os.environ.update(self.values)
+
+    def __exit__(self, *exc):
+        import os
+
+        for k in (*SWITCHES, "TORCH_FORCE_WEIGHTS_ONLY_LOAD", TORCH_UNSAFE):
+            os.environ.pop(k, None)
+        os.environ.update(self.saved)
 
 
 def test_no_switch_makes_the_plugin_install_a_fix():
@@ -234,6 +271,27 @@ def _cmd(tool, flavour, *args, launcher_flags=()):
     return cmd + [*map(str, args)] + (["--user-dir", USER_DIR] if flavour != "alone" else [])
 
 
+def _in_process(tool, flavour, *args, launcher_flags=()):
+    """``tool`` with ``--user-dir`` in this process: the plain console command (``plugin``: no fix,
+    torch's own switch as the plain process has it) or through the launcher (``fixes``)."""
+    args = [*map(str, args), "--user-dir", USER_DIR]
+    if flavour == "plugin":
+        with _unswitched(**{TORCH_UNSAFE: "1"}):
+            return run_in_process(tool, *args, check=False, fixes=False)
+    with _unswitched():
+        return run_in_process(tool, *args, check=False, cpu_bf16="--cpu-bf16" in launcher_flags)
+
+
+def _meanwhile(commands, logs, in_process):
+    """``_run_all(commands)`` in a thread while ``{key: function}`` runs here, one after another;
+    both answers in one ``{key: CompletedProcess}``."""
+    with ThreadPoolExecutor(1) as pool:
+        started = pool.submit(_run_all, commands, logs)
+        done = {key: run() for key, run in in_process.items()}
+        done.update(started.result())
+    return done
+
+
 def _run_all(commands, logs, limit=4):
     """Run ``{key: (cmd, env)}``, ``limit`` at a time, output to files in ``logs``;
     ``{key: CompletedProcess}``."""
@@ -258,36 +316,44 @@ def _run_all(commands, logs, limit=4):
 def user_runs(multi30k_words, tmp_path_factory):
     """``{(what, flavour): CompletedProcess}`` and the save dirs, for every flavour."""
     work = tmp_path_factory.mktemp("user_runs")
-    train = {("train", f): (_cmd("fairseq-train", f, multi30k_words, *TINY, "--max-epoch", 2, "--save-dir",
-                                 work / f), _flavour_env(f)) for f in FLAVOURS}
+    # fairseq alone and the typos in processes of their own; the plugin's and the launcher's
+    # runs in this process meanwhile
+    train = {("train", "alone"): (_cmd("fairseq-train", "alone", multi30k_words, *TINY, "--max-epoch", 2,
+                                       "--save-dir", work / "alone"), _flavour_env("alone"))}
     train.update({("typo", f): (_cmd("fairseq-train", f, multi30k_words, *TINY, "--arch", "transfomer",
                                      "--save-dir", work / f"typo-{f}"), _flavour_env(f)) for f in FLAVOURS})
-    runs = _run_all(train, work)
+    runs = _meanwhile(train, work, {("train", f): lambda f=f: _in_process(
+        "fairseq-train", f, multi30k_words, *TINY, "--max-epoch", 2, "--save-dir", work / f) for f in FLAVOURS[1:]})
     for f in FLAVOURS:
         assert runs["train", f].returncode == 0, runs["train", f].stderr[-3000:]
         shutil.copytree(work / f, work / f"resume-{f}")
     sentences = SOURCE_SENTENCES["valid"][:4]
-    later = {}
+    later, here = {}, {}
     for f in FLAVOURS:
         checkpoint = work / f / "checkpoint_last.pt"
         # every sentence in every flavour (the launcher's scoring commands keep the last len % 8 always;
         # fairseq alone with --required-batch-size-multiple 1): the same sentences, compared
         decode = ["--path", checkpoint, "--gen-subset", "valid", "--beam", "2", "--batch-size", "8", "--cpu",
                   "--required-batch-size-multiple", "1"]
-        later["resume", f] = (_cmd("fairseq-train", f, multi30k_words, *TINY, "--max-epoch", 3, "--save-dir",
-                                   work / f"resume-{f}"), _flavour_env(f))
-        later["generate", f] = (_cmd("fairseq-generate", f, multi30k_words, *decode), _flavour_env(f))
-        later["generate-bf16", f] = (_cmd("fairseq-generate", f, multi30k_words, *decode, "--bf16"), _flavour_env(f))
+        tools = {("resume", f): ("fairseq-train", [multi30k_words, *TINY, "--max-epoch", 3, "--save-dir",
+                                                   work / f"resume-{f}"]),
+                 ("generate", f): ("fairseq-generate", [multi30k_words, *decode]),
+                 ("generate-bf16", f): ("fairseq-generate", [multi30k_words, *decode, "--bf16"]),
+                 ("validate", f): ("fairseq-validate", [multi30k_words, "--task", "translation", "--path", checkpoint,
+                                                        "--valid-subset", "valid", "--batch-size", "8", "--cpu",
+                                                        "--required-batch-size-multiple", "1"])}
         if f == "fixes":
-            later["generate-bf16", "cpu-bf16"] = (_cmd("fairseq-generate", f, multi30k_words, *decode, "--bf16",
-                                                       launcher_flags=["--cpu-bf16"]), _flavour_env(f))
-        later["validate", f] = (_cmd("fairseq-validate", f, multi30k_words, "--task", "translation", "--path",
-                                     checkpoint, "--valid-subset", "valid", "--batch-size", "8", "--cpu",
-                                     "--required-batch-size-multiple", "1"),
-                                _flavour_env(f))
+            tools["generate-bf16", "cpu-bf16"] = ("fairseq-generate", [multi30k_words, *decode, "--bf16"])
+        for key, (tool, args) in tools.items():
+            flags = ["--cpu-bf16"] if key[1] == "cpu-bf16" else []
+            if f == "alone":
+                later[key] = (_cmd(tool, f, *args), _flavour_env(f))
+            else:  # the plugin's and the launcher's tools: in this process
+                here[key] = lambda tool=tool, f=f, args=args, flags=flags: _in_process(tool, f, *args,
+                                                                                       launcher_flags=flags)
         later["hub", f] = ([sys.executable, "-c", HUB, f, work / f,
                             multi30k_words, *sentences], _flavour_env(f))
-    runs.update(_run_all(later, work))
+    runs.update(_meanwhile(later, work, here))
     return runs, work
 
 
