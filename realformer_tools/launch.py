@@ -199,11 +199,17 @@ def main(argv=None) -> int:
     cli_main = fairseq_commands()[command].load()
     import_user_dir(args)
     from realformer_nmt.errors import RealFormerError
+
+    from .fairseq_fixes import batch_thread_exit
     saved_argv = sys.argv
     sys.argv = [command, *args]
     try:
         with fixes_installed(every_sentence=command in SCORING, **groups):
-            cli_main()
+            try:
+                cli_main()
+            finally:  # what batch_thread_exit's exit hook would do at exit, which the block unregisters:
+                # fairseq's batch threads end now, not in the middle of a torch op at exit (SIGABRT)
+                batch_thread_exit.stop_background_consumers()
     except RealFormerError as exc:
         print(f"realformer_nmt: error: {exc}", file=sys.stderr)
         return 1
