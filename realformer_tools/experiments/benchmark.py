@@ -49,10 +49,9 @@ TOY = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_emb
            encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64,
            encoder_attention_heads=4, decoder_attention_heads=4)
 SIZE_OVERRIDES = {"toy": TOY}
-# name -> (uses the RealFormer arch, extra model args): vanilla, then every kernel (not ``fused``,
-# which leaves the plugin: auto never needs it)
+# name -> (uses the RealFormer arch, extra model args): vanilla, then every kernel, then auto
 VARIANTS = {"vanilla": (False, {})}
-VARIANTS.update({k: (True, {"residual_attention_kernel": k}) for k in KERNELS if k not in ("auto", "fused")})
+VARIANTS.update({k: (True, {"residual_attention_kernel": k}) for k in KERNELS if k != "auto"})
 VARIANTS["auto"] = (True, {"residual_attention_kernel": "auto"})
 # A row ranks kernels only where every variant's GPU is busy at least this share of its step:
 # there a kernel that is x% slower moves the step by at least 0.8 x x%, while host jitter can

@@ -14,8 +14,9 @@ name that is not registered, with up to three suggestions (names that start with
 contain it first, their family names before the variants, then ``difflib``'s close
 matches; a few common names when none is close). A registered
 name passes exactly as before (argparse stores the string), and ``--help`` is unchanged
-(``--arch`` shows its metavar ``ARCH``). Without the fixes (``REALFORMER_NMT_FAIRSEQ_FIXES``
-unset), with or without ``--user-dir``, fairseq prints its own usage (exit status 2).
+(``--arch`` shows its metavar ``ARCH``). Without the fixes (fairseq's own command, not
+through the launcher), with or without ``--user-dir``, fairseq prints its own usage (exit
+status 2).
 
 When it is no longer needed: ``fairseq-train DATA --arch transfomer`` prints one line
 with the patch uninstalled.

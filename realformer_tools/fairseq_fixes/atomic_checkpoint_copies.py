@@ -8,7 +8,7 @@ destination first and fills it in place. A ``kill -9``, OOM kill, preemption or 
 during that copy leaves a truncated ``checkpoint_last.pt``, which is exactly the file the
 next ``fairseq-train`` run resumes from: the restart fails and the run is lost.
 
-Fix: ``install`` (one of the fixes ``REALFORMER_NMT_FAIRSEQ_FIXES=1`` installs) replaces
+Fix: ``install`` (one of the fixes the launcher always installs) replaces
 ``fairseq.file_io.PathManager.copy`` -- every fairseq module shares that one class -- with
 a copy that, for local paths, writes ``<dst>.copy.tmp`` in the destination directory,
 fsyncs it and ``os.replace``s it onto ``<dst>``: at every instant ``<dst>`` is either the
