@@ -10,7 +10,10 @@ layer of the path and attends with the softmax of that sum (He et al., 2021, eq.
 The *unmasked* running sum ``A_n`` goes on to the next layer, as in the official reference
 (google-research ``realformer/realformer.py``): masks are applied after the residual is
 added, never accumulated. Kernels ``materialized``, ``bias``, ``triton`` (``auto`` picks)
-compute the same function; one concept per file (docs/internals.md#kernels).
+compute the same function (docs/internals.md#kernels). One concept per file: ``state.py`` (the
+state, the sum/mean rule), ``module.py`` (the module, the kernel per call), the kernels
+``materialized.py``, ``bias.py``, ``triton_kernel.py`` (``triton.py``: its Triton code),
+``masks.py``, ``choice.py`` (what ``auto`` runs), ``sdpa_probe.py``.
 """
 
 from .choice import DEFAULT_CUDA_RULE, KERNELS, PACKAGED_KERNEL_RULE, auto_kernel, cuda_kernel_rule, kernel_rule_source
