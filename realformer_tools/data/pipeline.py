@@ -172,7 +172,8 @@ def _run_preprocess(cmd):
     this process, as its own process would run it: ``sys.argv`` set, its log (INFO, also its
     ``preprocess.log``) and anything it prints kept out of this process's streams, every logger
     as it was afterwards. A failure (its exit status or an exception) is a DataError whose
-    message ends with the last 15 lines it wrote."""
+    message ends with the last 15 lines it wrote. One call at a time (it redirects this
+    process's streams): the preparation commands call it from one thread."""
     import contextlib
     import io
     import logging
