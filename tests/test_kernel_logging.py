@@ -30,8 +30,9 @@ def test_each_model_says_its_kernel_choices_once(caplog):
         said.append(first)
         assert _ours(caplog) == first  # the second forward says nothing new
     assert said[0] == said[1] and said[0]
+    assert len(said[0]) == 1, said[0]  # one line for the model: encoder, decoder and cross paths together
     kinds = {m.notes for m in build(dictionary=d).modules() if isinstance(m, ResidualMultiheadAttention)}
-    assert len(kinds) == 2  # one KernelNotes for the encoder's modules, one for the decoder's
+    assert len(kinds) == 1  # one KernelNotes for the model's modules
 
 
 def _train_in_process(data_bin, save_dir):

@@ -13,6 +13,7 @@ from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr, safe_hasattr
 
 from ... import residual_config
+from ...modules.residual_attention import share_kernel_notes
 from .hub_interface import RealFormerBertHubInterface
 from .sentence_encoder import RealFormerBertSentenceEncoder, set_layer_norm_eps
 
@@ -29,6 +30,7 @@ class RealFormerBertModel(RobertaModel):
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)
+        share_kernel_notes(self)  # the kernels it runs: one line per model
         self.register_state_dict_post_hook(residual_config.note_settings)  # checkpoints say what they computed
 
     @classmethod

@@ -12,6 +12,7 @@ from fairseq.models.transformer.transformer_legacy import (
 
 from ... import residual_config
 from ...errors import ConfigError
+from ...modules.residual_attention import share_kernel_notes
 from .decoder import RealFormerTransformerDecoder
 from .encoder import RealFormerTransformerEncoder
 
@@ -45,6 +46,7 @@ class RealFormerTransformerModel(TransformerModel):
 
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)
+        share_kernel_notes(self)  # the kernels it runs: one line per model, encoder and decoder together
         self.register_state_dict_post_hook(residual_config.note_settings)  # checkpoints say what they computed
 
     @property

@@ -38,6 +38,7 @@ class KernelNotes:
 
     def __init__(self):
         self.said = set()
+        self.summarized = set()  # (device type, dtype, kernel asked, Triton's failure) said in one line
         self.triton_failed: Optional[str] = None
 
     def say(self, level: int, message: str, *args, log: Optional[logging.Logger] = None) -> None:
@@ -130,21 +131,24 @@ class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, M
 
     def kernel_for(self, query: Tensor, key: Optional[Tensor], incremental_state, need_weights: bool,
                    prev_state: Optional[ResidualState]) -> str:
-        """The kernel this call runs (``materialized``, ``bias`` or ``triton``), said once per model."""
-        kernel = self._choose_kernel(query, incremental_state, need_weights, prev_state)
-        cached = incremental_state is not None or need_weights
-        self.notes.say(logging.INFO, "residual attention: --residual-attention-kernel %s ran %s for %s layer of a %s "
-                       "path on %s%s", self.kernel, kernel, "the first" if prev_state is None else "a later",
-                       "cross-attention" if self.encoder_decoder_attention else "self-attention", query.device.type,
-                       " (cached decoding or attention weights asked for)" if cached else "")
+        """The kernel this call runs (``materialized``, ``bias`` or ``triton``); what the model runs is
+        said in one line per model (again only if it changes: another device or dtype, Triton failing)."""
+        terms = (prev_state.terms if prev_state is not None else 0) + 1
+        kernel = "materialized" if incremental_state is not None or need_weights else self._choose_kernel(query, terms)
+        seen = (query.device.type, query.dtype, self.kernel, self.notes.triton_failed)
+        if seen not in self.notes.summarized and not torch.compiler.is_compiling():
+            self.notes.summarized.add(seen)
+            first, later = self._choose_kernel(query, 1), self._choose_kernel(query, 2)
+            runs = first if first == later else f"{first} for a path's first layer, {later} for later layers"
+            self.notes.say(logging.INFO, "residual attention: --residual-attention-kernel %s runs %s on %s %s "
+                           "(cached decoding and asked-for attention weights: materialized)", self.kernel, runs,
+                           query.device.type, str(query.dtype).replace("torch.", ""))
         return kernel
 
-    def _choose_kernel(self, query, incremental_state, need_weights, prev_state) -> str:
-        if incremental_state is not None or need_weights:
-            return "materialized"  # one row per step / weights wanted: T x S exists anyway
+    def _choose_kernel(self, query, terms: int) -> str:
+        """The kernel of a full (uncached) pass for layer ``terms`` of a path."""
         kernel = self.kernel
-        where = dict(device=query.device, training_dropout=self._dropout_p() > 0,
-                     terms=(prev_state.terms if prev_state is not None else 0) + 1)
+        where = dict(device=query.device, training_dropout=self._dropout_p() > 0, terms=terms)
         failed = self.notes.triton_failed if kernel == "auto" else None  # explicit triton: its errors go through
         if kernel == "auto":
             kernel = choice.auto_kernel(**where, dtype=query.dtype, head_dim=self.head_dim,

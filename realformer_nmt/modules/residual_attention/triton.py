@@ -2,12 +2,13 @@
 previous layers' running sum ``A_{n-1}`` and write their own ``A_n`` (float32; float64 inputs:
 float64), and their autograd function; imported only when this kernel runs (``triton_kernel.py``).
 
-Forward: ``A_n = (q k^T) scale + A_{n-1}`` (raw, unmasked, handed on), ``P = softmax(mask(A_n /
-c_n))`` online, ``out = dropout(P) v``. Dropout acts on the probabilities only: ``A_n``, the
-running sum handed on, carries no dropout, as in the materialized kernel and the official reference
-(google-research ``realformer/realformer.py``). Backward rebuilds ``A_n`` tile by tile with the
-forward's own :func:`_add_scores` (bit-identical). Under ``TRITON_INTERPRET=1`` the kernels run on
-CPU tensors (docs/internals.md#the-triton-kernel).
+Forward: ``A_n = (q k^T) scale + A_{n-1}`` (raw, unmasked, handed on; on a causal path key blocks
+wholly above the diagonal hold zeros, which every reader of such a path masks), ``P =
+softmax(mask(A_n / c_n))`` online, ``out = dropout(P) v``. Dropout acts on the probabilities only:
+``A_n``, the running sum handed on, carries no dropout, as in the materialized kernel and the
+official reference (google-research ``realformer/realformer.py``). Backward rebuilds ``A_n`` tile
+by tile with the forward's own :func:`_add_scores` (bit-identical). Under ``TRITON_INTERPRET=1`` the
+kernels run on CPU tensors (docs/internals.md#the-triton-kernel).
 """
 
 import contextlib
