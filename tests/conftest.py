@@ -270,6 +270,32 @@ def cli_env():
     return env
 
 
+def _fixes_put_back():
+    """Yield, then put every attribute a fix to fairseq replaces back as it was before: a test or
+    a module that installs fixes for good (a tools command called directly) must not hand them
+    to the tests that run after it in the same worker (tests of fairseq alone among them)."""
+    from inprocess import _MISSING, _patched_attributes
+
+    before = _patched_attributes()
+    yield
+    for (owner, name), value in before.items():
+        if value is _MISSING:
+            if name in vars(owner):
+                delattr(owner, name)
+        elif vars(owner).get(name, _MISSING) is not value:
+            setattr(owner, name, value)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_fix_outlives_its_module():
+    yield from _fixes_put_back()
+
+
+@pytest.fixture(autouse=True)
+def _no_fix_outlives_its_test():
+    yield from _fixes_put_back()
+
+
 @pytest.fixture(scope="module")
 def fairseq_fixes():
     """The launcher's fixes to fairseq 0.12 installed in this process for a module's tests
