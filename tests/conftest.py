@@ -271,9 +271,9 @@ def cli_env():
 
 
 def _fixes_put_back():
-    """Yield, then put every attribute a fix to fairseq replaces back as it was before: a test or
-    a module that installs fixes for good (a tools command called directly) must not hand them
-    to the tests that run after it in the same worker (tests of fairseq alone among them)."""
+    """Yield, then put every attribute a fix to fairseq replaces back as it was before: a module
+    whose tests install fixes for good (a tools command called directly) must not hand them to
+    the modules that run after it in the same worker (tests of fairseq alone among them)."""
     from inprocess import _MISSING, _patched_attributes
 
     before = _patched_attributes()
@@ -288,11 +288,7 @@ def _fixes_put_back():
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_fix_outlives_its_module():
-    yield from _fixes_put_back()
-
-
-@pytest.fixture(autouse=True)
-def _no_fix_outlives_its_test():
+    # per module, not per test: some modules install a fix in one test for the tests after it
     yield from _fixes_put_back()
 
 
