@@ -424,8 +424,8 @@ def test_summary_rows_are_the_committed_seed_paired_records():
         f"path ablation ({p} path only): En→De, 3+3, lr 1e-3, 1800 upd." for p in ("encoder", "decoder", "cross")]
     # the 6+6 lr 1e-3 runs: once, the grid's three seeds holding the depth test's two
     six = [lab for lab in labels if ", 6+6, lr 1e-3," in lab]
-    assert six == ["stability limit [its seeds 1-2 = depth stress]: En→De, 6+6, lr 1e-3, 1200 upd."]
-    assert "depth stress = stability limit: En→De, 12+12, lr 1e-3, 1200 upd." in labels
+    assert six == ["lr limit [its seeds 1-2 = depth stress]: En→De, 6+6, lr 1e-3, 1200 upd."]
+    assert "depth stress = lr limit: En→De, 12+12, lr 1e-3, 1200 upd." in labels
     deep = [(r["depth"], r["lr"]) for r in rows if r["block"] == "deep"]
     assert deep == sorted(deep) and [d for d, _ in deep] == [6] * 4 + [12] * 3
     assert [r["kind"] for r in rows if r["block"] == "sweep"] == ["lr_sweep"] * 3
@@ -539,7 +539,7 @@ def test_rerender_draws_the_summary_with_a_study_added_later(tmp_path):
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20000
     rows = [r for r in summary.summary_rows(str(tmp_path)) if r["name"] == "lr_limit_depth6"]
     assert [summary.row_label(r) for r in rows] == [
-        f"stability limit: En→De, 6+6, lr {lr}, 1200 upd." for lr in ("2.5e-4", "5e-4", "1e-3")]
+        f"lr limit: En→De, 6+6, lr {lr}, 1200 upd." for lr in ("2.5e-4", "5e-4", "1e-3")]
     # three seeds now: the upgrade recomputed the seed-paired records, drawn with their interval
     assert all(len(c["per_seed"]) == 3 and c["ci95"] for r in rows for c in r["cells"])
 

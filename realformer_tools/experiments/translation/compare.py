@@ -427,8 +427,10 @@ def plot_comparison(summary, path):
     for b in backbones:
         s = summary[b]
         points = [p for p in curve_over_seeds(s, shared) if p[0] >= last / 2]
-        label = (f"{b} (test BLEU {spread(s['bleu'], s['bleu_std'], s['bleu_per_seed'])}, "
-                 f"{len(s['bleu_per_seed'])} seed{'s' if len(s['bleu_per_seed']) > 1 else ''})")
+        bleus = [v for seed, v in zip(s["seeds"], s["bleu_per_seed"]) if seed in shared and v is not None]
+        mean = statistics.mean(bleus) if bleus else None
+        label = (f"{b} (test BLEU {spread(mean, statistics.stdev(bleus) if len(bleus) > 2 else None, bleus)} "
+                 f"over the same {len(bleus)} seed{'s' if len(bleus) > 1 else ''})")
         if not points:
             ax.plot([], [], color=COLORS[b], label=label + ": no finite valid loss")
             continue

@@ -78,7 +78,9 @@ def outcome_table(row, backbones):
 
 
 def excludes_zero(paired):
-    ci = (paired or {}).get("ci95")
+    """Whether the record's interval excludes zero: the corrected one where the record has one
+    (``ci95_corrected``: a study asking one question several times), else its 95% interval."""
+    ci = (paired or {}).get("ci95_corrected") or (paired or {}).get("ci95")
     return bool(ci) and (ci[0] > 0 or ci[1] < 0)
 
 
@@ -94,7 +96,11 @@ def seed_paired_cell(s, key="seed_paired_vs_postln", digits=2):
         return f"{per_seed} (1 seed)"
     if p.get("ci95") is None:
         return f"{per_seed} (mean {p['mean']:+.{d}f})"
-    cell = f"{p['mean']:+.{d}f} ± {p['sd']:.{d}f} (95% CI {p['ci95'][0]:+.{d}f} to {p['ci95'][1]:+.{d}f})"
+    cell = f"{p['mean']:+.{d}f} ± {p['sd']:.{d}f} (95% CI {p['ci95'][0]:+.{d}f} to {p['ci95'][1]:+.{d}f}"
+    if p.get("ci95_corrected"):
+        low, high = p["ci95_corrected"]
+        cell += f"; corrected for {p['corrected_for']} rates {low:+.{d}f} to {high:+.{d}f}"
+    cell = f"{cell})"
     cell = f"**{cell}**" if excludes_zero(p) else cell
     return f"{per_seed} = {cell}"
 

@@ -24,7 +24,7 @@ from .depth import DEPTH_REFERENCE, depth_markdown, plot_depth
 from .lr_sweep import classify_sweep, plot_sweep, sweep_markdown, sweep_reference, sweep_seed_paired
 from .recipe import ABLATION, MAIN_ORDER
 from .report import write_outputs
-from .stability import plot_stability, stability_markdown
+from .stability import add_corrected, best_rates, plot_stability, stability_markdown
 from .stats import PAIRED_TEST_NOTE, add_seed_paired, add_test_set_paired, outcome_rule, test_set_means
 from .summary import kind, write_summary
 
@@ -86,6 +86,8 @@ def upgrade(summary):
     elif k == "stability":
         for row in summary["grid"].values():
             add_seed_paired(row)
+        add_corrected(summary["grid"])
+        summary["best_rate"] = best_rates(summary["grid"])
     if isinstance(summary.get("machine"), str):  # the threads do change float rounding (docs/results.md)
         summary["machine"] = summary["machine"].replace(" (results do not depend on it)", "")
     return k

@@ -18,6 +18,7 @@ from dataclasses import replace
 from realformer_nmt.errors import ConfigError
 
 from .figures import COLORS, curve_with_band, pyplot
+from .intervals import corrected_interval
 from .recipe import corpus_info, test_references
 from .report import SEED_PAIRED_NOTE, fmt, not_run_lines, outcome_table, recipe_lines, seed_paired_cell, write_outputs
 from .runs import (
@@ -29,7 +30,7 @@ from .runs import (
     recipe_record,
     train_all,
 )
-from .stats import add_seed_paired, best_loss_per_seed, outcome_entry, outcome_rule
+from .stats import add_seed_paired, best_loss_per_seed, outcome_entry, outcome_rule, over_seeds, seed_paired
 
 STABILITY_BACKBONES = ("postln", "realformer", "realformer_mean", "preln", "realformer_preln")
 STABILITY_LRS = (1e-3, 5e-4, 2.5e-4)
@@ -70,6 +71,7 @@ def stability_limit(data, out, recipe, lrs=STABILITY_LRS, depth=12, backbones=ST
             rs = [runs[(lr, b, seed)] for seed in seeds if runs[(lr, b, seed)] is not None]
             row[b] = outcome_entry(rs, b, residual_mode, reference, margin) if rs else None
         grid[f"{lr:g}"] = add_seed_paired(row)
+    add_corrected(grid)
     signatures = {r["signature"] for r in runs.values() if r is not None and r["signature"]}
     record = recipe_record(deep, data, references, backbones, residual_mode, seeds)
     record["note"] = f"--encoder-layers and --decoder-layers are {depth}; `--lr` replaced per column by lrs"
@@ -84,6 +86,7 @@ def stability_limit(data, out, recipe, lrs=STABILITY_LRS, depth=12, backbones=ST
         "reference": STABILITY_REFERENCE,
         "rule": outcome_rule(margin, STABILITY_REFERENCE),
         "margin": margin,
+        "best_rate": best_rates(grid),
         "progress": done_and_missing(runs, ("lr", "backbone", "seed")),
         "recipe": record,
         "sacrebleu_signature": " / ".join(sorted(signatures)) or None,
@@ -96,12 +99,77 @@ def stability_limit(data, out, recipe, lrs=STABILITY_LRS, depth=12, backbones=ST
     return summary
 
 
+CORRECTION = ("Bonferroni over the learning rates of the grid: each rate's 95% interval widened to "
+              "1 - 0.05 / rates (one comparison per rate and question)")
+
+
+def add_corrected(grid):
+    """Each seed-paired BLEU record of the grid with 3 or more seeds gets ``ci95_corrected``
+    (its interval corrected for the number of learning rates tested, ``CORRECTION``) and
+    ``corrected_for`` (that number): the grid asks each question once per rate."""
+    rates = len(grid)
+    for row in grid.values():
+        for e in row.values():
+            for key in ("seed_paired_vs_postln", "seed_paired_vs_preln"):
+                record = (e or {}).get(key)
+                interval = corrected_interval(record, rates) if record else None
+                if interval is not None:
+                    record.update(ci95_corrected=[round(v, 2) for v in interval], corrected_for=rates)
+
+
+# the best-rate comparisons: a backbone at its best rate against another at its own
+BEST_RATE_PAIRS = (("realformer", "preln"), ("realformer", "postln"))
+BEST_RATE_RULE = ("each backbone's best rate is the one with the lowest mean best valid loss over the seeds it ran "
+                  "at every rate of the grid (the selection seeds), never test BLEU; the difference is seed-paired "
+                  "test BLEU, over every seed both ran at those rates and over the seeds not used to choose")
+
+
+def best_rates(grid):
+    """``{"rule", "backbones": {b: {"lr", "selection_seeds", "valid_loss_by_lr"}}, "pairs": [...]}``:
+    each backbone's best learning rate chosen by validation loss (``BEST_RATE_RULE``), and the
+    ``BEST_RATE_PAIRS`` at those rates: seed-paired test BLEU over all their common seeds
+    (``seed_paired``) and over the common seeds outside the selection (``seed_paired_unselected``)."""
+    chosen = {}
+    backbones = {b for row in grid.values() for b, e in row.items() if e}
+    for b in sorted(backbones):
+        entries = {lr: row.get(b) for lr, row in grid.items()}
+        if not all(entries.values()):
+            continue
+        by_seed = {lr: dict(zip(e["seeds"], e["valid_loss_per_seed"])) for lr, e in entries.items()}
+        seeds = [s for s in next(iter(entries.values()))["seeds"]
+                 if all(losses.get(s) is not None for losses in by_seed.values())]
+        if not seeds:
+            continue
+        losses = {lr: round(sum(by_seed[lr][s] for s in seeds) / len(seeds), 4) for lr in entries}
+        best = min(losses, key=losses.get)
+        chosen[b] = {"lr": float(best), "selection_seeds": seeds, "valid_loss_by_lr": losses}
+    pairs = []
+    for b, ref in BEST_RATE_PAIRS:
+        if b not in chosen or ref not in chosen:
+            continue
+        e, r = grid[f"{chosen[b]['lr']:g}"][b], grid[f"{chosen[ref]['lr']:g}"][ref]
+        paired = seed_paired(e["bleu_per_seed"], r["bleu_per_seed"], e["seeds"], r["seeds"])
+        selection = set(chosen[b]["selection_seeds"]) | set(chosen[ref]["selection_seeds"])
+        keep = [i for i, s in enumerate(paired["seeds"]) if s not in selection]
+        unselected = over_seeds([paired["seeds"][i] for i in keep], [paired["per_seed"][i] for i in keep])
+        pairs.append({"backbone": b, "reference": ref, "lr": chosen[b]["lr"], "reference_lr": chosen[ref]["lr"],
+                      "seed_paired": paired, "seed_paired_unselected": unselected})
+    return {"rule": BEST_RATE_RULE, "backbones": chosen, "pairs": pairs}
+
+
+def _counts(statuses):
+    """``10 ok`` / ``2 ok, 1 lagging``: a cell's outcomes counted, in the vocabulary's order."""
+    return ", ".join(f"{statuses.count(o)} {o}" for o in ("ok", "lagging", "diverged") if o in statuses)
+
+
 def _grid_cell(e):
     if e is None:
         return "not run"
     bleus = " / ".join(fmt(x) for x in e["bleu_per_seed"])
-    diverged = e["status_per_seed"].count("diverged")
-    return f"{', '.join(e['status_per_seed'])} ({diverged} of {len(e['status_per_seed'])} diverged); BLEU {bleus}"
+    statuses = e["status_per_seed"]
+    diverged = statuses.count("diverged")
+    outcomes = ", ".join(statuses) if len(statuses) <= 3 else _counts(statuses)
+    return f"{outcomes} ({diverged} of {len(statuses)} diverged); BLEU {bleus}"
 
 
 # the two questions a grid answers per learning rate: residual attention on Post-LN, and on Pre-LN
@@ -117,7 +185,8 @@ def difference_lines(summary):
             if any((summary["grid"][lr].get(b) or {}).get(key) for lr in lrs)]
     if not rows:
         return []
-    lines = ["Seed-paired test BLEU differences at each learning rate:", "",
+    lines = ["Seed-paired test BLEU differences at each learning rate (bold: the interval corrected for the "
+             f"{len(lrs)} rates tested excludes zero):", "",
              "| difference | " + " | ".join(f"lr {lr}" for lr in lrs) + " |", "| --- |" + " --- |" * len(lrs)]
     for b, key, label in rows:
         lines.append(f"| {label} | " + " | ".join(seed_paired_cell(summary["grid"][lr].get(b), key)
@@ -125,11 +194,66 @@ def difference_lines(summary):
     return lines + [""]
 
 
+def _interval_text(p):
+    if not p or not p.get("per_seed"):
+        return "no common seed"
+    if not p.get("ci95"):
+        return " / ".join(f"{v:+.2f}" for v in p["per_seed"]) + f" (seeds {p['seeds']})"
+    return (f"{p['mean']:+.2f} ± {p['sd']:.2f} over {len(p['per_seed'])} seeds (95% CI {p['ci95'][0]:+.2f} to "
+            f"{p['ci95'][1]:+.2f})")
+
+
+def best_rate_lines(summary):
+    """The best-rate comparisons (``best_rates``) as Markdown (none: no lines)."""
+    best = summary.get("best_rate") or {}
+    if not best.get("pairs"):
+        return []
+    lines = ["## Each backbone at its best learning rate", "", f"Rule: {best['rule']}.", "",
+             "| backbone | best rate | selection seeds | mean best valid loss per rate |", "| --- | --- | --- | --- |"]
+    for b, c in best["backbones"].items():
+        losses = ", ".join(f"{lr}: {fmt(v, 3)}" for lr, v in c["valid_loss_by_lr"].items())
+        lines.append(f"| {b} | {c['lr']:g} | {', '.join(map(str, c['selection_seeds']))} | {losses} |")
+    lines += ["", "| difference (seed-paired test BLEU) | every common seed | the seeds not used to choose |",
+              "| --- | --- | --- |"]
+    for p in best["pairs"]:
+        lines.append(f"| {p['backbone']} at {p['lr']:g} minus {p['reference']} at {p['reference_lr']:g} | "
+                     f"{_interval_text(p['seed_paired'])} | {_interval_text(p['seed_paired_unselected'])} |")
+    return lines + [""]
+
+
+def _minutes(seconds_list):
+    return ", ".join("n/a" if s is None else f"{s / 60:.0f}" for s in seconds_list)
+
+
+def wall_time_lines(summary):
+    """Every run's wall time (minutes, all attempts) and which runs were resumed."""
+    lines = ["## Wall time of every run, and resumes", "",
+             "Wall time over all of a run's fairseq-train attempts (minutes; from the first start to the last "
+             "end, less the time between an attempt that was killed and the next); resumed: a run with two or "
+             "more attempts, continued from its checkpoint_last.pt; not recorded: runs trained before the "
+             "results recorded attempts.", "",
+             "| lr | backbone | seeds | wall time per seed (min) | resumed |", "| --- | --- | --- | --- | --- |"]
+    for lr in [f"{lr:g}" for lr in summary["lrs"]]:
+        for b in summary["backbones"]:
+            e = summary["grid"][lr].get(b)
+            if e is None:
+                continue
+            attempts = e.get("attempts_per_seed") or [None] * len(e["seeds"])
+            resumed = [s for s, a in zip(e["seeds"], attempts) if a is not None and a > 1]
+            unknown = [s for s, a in zip(e["seeds"], attempts) if a is None]
+            words = ([f"seeds {resumed}" if resumed else "none"] if len(unknown) < len(e["seeds"]) else [])
+            if unknown:
+                words.append(f"not recorded for seeds {unknown}" if words else "not recorded")
+            lines.append(f"| {lr} | {b} | {', '.join(map(str, e['seeds']))} | {_minutes(e['train_seconds_per_seed'])} "
+                         f"| {'; '.join(words)} |")
+    return lines + [""]
+
+
 def stability_markdown(summary):
     backbones, depth = summary["backbones"], summary["depth"]
     settings = summary["recipe"]["settings"]
     lrs = [f"{lr:g}" for lr in summary["lrs"]]
-    lines = [f"# {summary['title']}: stability limit at {depth}+{depth} layers", ""] + not_run_lines(summary) + [
+    lines = [f"# {summary['title']}: learning-rate limit at {depth}+{depth} layers", ""] + not_run_lines(summary) + [
              f"The depth stress recipe ({depth}+{depth} layers, d={settings['embed_dim']}, FFN {settings['ffn_dim']}, "
              f"{settings['heads']} heads, {settings['warmup_updates']} warmup updates, {settings['max_update']} "
              f"updates) at each peak learning rate; seeds {summary['recipe']['seeds']}. Grid cell: outcome per "
@@ -138,10 +262,12 @@ def stability_markdown(summary):
     for b in backbones:
         lines.append(f"| {b} | " + " | ".join(_grid_cell(summary["grid"][lr].get(b)) for lr in lrs) + " |")
     lines.append("")
-    lines += difference_lines(summary)
+    lines += difference_lines(summary) + best_rate_lines(summary)
     for lr in lrs:
         lines += [f"## lr {lr}", ""] + outcome_table(summary["grid"][lr], backbones) + [""]
-    lines += [SEED_PAIRED_NOTE + " (same learning rate).", "",
+    lines += wall_time_lines(summary)
+    lines += [SEED_PAIRED_NOTE + f" (same learning rate) once corrected for the {len(lrs)} rates tested "
+              f"({CORRECTION}).", "",
               f"Rule: {summary['rule']}. Reference per seed: "
               + ", ".join(f"seed {k}: {fmt(v, 3)}" for k, v in summary["reference_loss_per_seed"].items()) + ".",
               "", f"Learning rates: {summary['recipe']['note']}."] + recipe_lines(summary)
@@ -160,7 +286,8 @@ def plot_stability(summary, path):
             if e is None:
                 ax.plot([], [], color=COLORS[b], label=f"{b}: not run")
                 continue
-            curve_with_band(ax, e, COLORS[b], f"{b}: {'/'.join(e['status_per_seed'])}, BLEU {fmt(e['bleu'])}")
+            curve_with_band(ax, e, COLORS[b], f"{b}, {_counts(e['status_per_seed'])} (n={len(e['seeds'])}), "
+                                              f"BLEU {fmt(e['bleu'])}")
         ax.set_title(f"lr {lr}")
         ax.set_xlabel("updates")
         ax.grid(alpha=0.3)
@@ -169,8 +296,9 @@ def plot_stability(summary, path):
             ax.set_xticks([])
             continue
         ax.legend(fontsize=8)
-    axes[0][0].set_ylabel("validation loss (mean, min-max over seeds)")
-    fig.suptitle(f"{summary['title']}: stability limit at {summary['depth']}+{summary['depth']} layers")
+    axes[0][0].set_ylabel("validation loss (label-smoothed cross-entropy, bits per token)")
+    fig.suptitle(f"{summary['title']}: learning-rate limit at {summary['depth']}+{summary['depth']} layers. Lines: "
+                 "mean over a cell's seeds; band: lowest to highest seed (n per cell in its legend)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -76,6 +76,8 @@ def summarize_backbone(results, backbone, residual_mode):
         "curve_min_max": [[u, round(lo, 4), round(hi, 4)] for u, _, lo, hi in mean_curve],
         "curve_per_seed": curves,
         "train_seconds_per_seed": [r["train_seconds"] for r in results],
+        # fairseq-train attempts of each run (2 or more: resumed from checkpoint_last.pt); None: not recorded
+        "attempts_per_seed": [r.get("attempts") for r in results],
         "decode_seconds_per_seed": [r["decode_seconds"] for r in results],
         "checkpoints": [r["checkpoint"] for r in results],
         "logs": [r["log"] for r in results],

@@ -40,7 +40,7 @@ COMPARISONS = (("realformer", "seed_paired_vs_postln", "RealFormer − Post-LN")
                ("realformer_preln", "seed_paired_vs_preln", "RealFormer on Pre-LN − Pre-LN"))
 COLUMN_TITLES = ("RealFormer (or one path) − Post-LN", "RealFormer on Pre-LN − Pre-LN")
 REFERENCE = {"seed_paired_vs_postln": "postln", "seed_paired_vs_preln": "preln"}
-STUDY_NAMES = {"comparison": "comparison", "depth": "depth stress", "stability": "stability limit",
+STUDY_NAMES = {"comparison": "comparison", "depth": "depth stress", "stability": "lr limit",
                "lr_sweep": "lr sweep", "mlm": "masked LM", "ablation": "path ablation"}
 ORDER = ("comparison", "ablation", "depth", "stability", "lr_sweep", "mlm")
 LANGUAGES = {"en": "En", "de": "De", "fr": "Fr"}
@@ -95,16 +95,18 @@ def _ok(statuses):
     return any(st in ("ok", "finished") for st in statuses)
 
 
-def _cell(entry, key, entries, record=None, family=1, reruns=()):
+def _cell(entry, key, entries, record=None, family=1, reruns=(), family_word="sets"):
     """One comparison of a row: the record, whether every run on both sides lagged or diverged,
-    how many test sets it is one of (``family``: its interval corrected for them) and the
-    seeds whose runs were trained again without reproducing the committed ones."""
+    how many comparisons of one family it is one of (``family``: its interval corrected for
+    them; ``family_word``: test ``sets``, or learning ``rates`` of a grid) and the seeds whose
+    runs were trained again without reproducing the committed ones."""
     record = record if record is not None else (entry or {}).get(key)
     if not record or not record.get("per_seed"):
         return None
     reference = entries.get(REFERENCE[key]) or {}
     failed = not _ok((entry or {}).get("status_per_seed", [])) and not _ok(reference.get("status_per_seed", []))
-    return dict(record, failed=failed, family=family, reruns=[seed for seed in reruns if seed in record["seeds"]])
+    return dict(record, failed=failed, family=family, family_word=family_word,
+                reruns=[seed for seed in reruns if seed in record["seeds"]])
 
 
 def _family(entry, key):
@@ -178,8 +180,11 @@ def rows_of(summary, kind, name):
     if kind == "depth":
         return [dict(base, depth=int(depth), lr=settings.get("lr"), cells=_entry_cells(row))
                 for depth, row in sorted(summary["depths"].items(), key=lambda kv: int(kv[0]))]
-    if kind == "stability":
-        return [dict(base, depth=summary.get("depth", settings.get("layers")), lr=float(lr), cells=_entry_cells(row))
+    if kind == "stability":  # each question asked once per rate: intervals corrected for the rates
+        rates = len(summary["grid"])
+        return [dict(base, depth=summary.get("depth", settings.get("layers")), lr=float(lr),
+                     cells=[_cell(row.get(b), key, row, family=rates, family_word="rates")
+                            for b, key, _ in COMPARISONS])
                 for lr, row in summary["grid"].items()]
     if kind == "lr_sweep":
         return [dict(base, depth=settings.get("layers"), lr=float(lr), cells=_sweep_cells(summary, lr))
@@ -284,14 +289,14 @@ def corrected(cell):
 
 def cell_text(cell):
     n = len(cell["per_seed"])
+    lagging = "  (both lagging)" if cell["failed"] else ""
     if cell.get("ci95"):
-        text = f"{cell['mean']:+.2f} [{cell['ci95'][0]:+.2f}, {cell['ci95'][1]:+.2f}], n={n}"
+        text = f"{cell['mean']:+.2f} [{cell['ci95'][0]:+.2f}, {cell['ci95'][1]:+.2f}], n={n}{lagging}"
         if cell.get("family", 1) > 1:
             low, high = corrected(cell)
-            text += f"\n{cell['family']} sets, corrected: [{low:+.2f}, {high:+.2f}]"
-    else:
-        text = ", ".join(f"{d:+.2f}" for d in cell["per_seed"]) + (" (1 seed)" if n == 1 else "")
-    return text + ("  (both lagging)" if cell["failed"] else "")
+            text += f"\n{cell['family']} {cell.get('family_word', 'sets')}, corrected: [{low:+.2f}, {high:+.2f}]"
+        return text
+    return ", ".join(f"{d:+.2f}" for d in cell["per_seed"]) + (" (1 seed)" if n == 1 else "") + lagging
 
 
 def _limits(cells):
@@ -409,7 +414,8 @@ def draw_summary(rows):
                             fontsize=9.5, fontweight="bold", color="0.3", ha="left", va="bottom",
                             annotation_clip=False)
     fig.suptitle("Seed-paired differences, every study (results/*.json): ◆ mean with its 95% interval (filled: "
-                 "excludes 0; one of several test sets: its thin interval, corrected for their number, does); | each "
+                 "excludes 0; one of several test sets or learning rates: its thin interval, corrected for their "
+                 "number, does); | each "
                  "seed, × a seed trained again\nthat did not reproduce its committed run; ▶ the interval runs on, its "
                  "ends printed; ○ each seed where there are one or two; both panels of a block share one x-scale",
                  fontsize=10, y=1.005)
