@@ -19,7 +19,7 @@ run as written, as far as that can be checked in seconds without training anythi
 How commands are read from a bash block: lines ending in ``\\`` are joined, ``# comments``
 dropped, a line is cut at ``;``, ``&&``, ``||``, ``|`` and ``&``; leading ``VAR=value``
 assignments, ``do``/``then``, ``export`` and the launcher ``realformer-fairseq [--data-fixes]
-[--cpu-bf16]`` are set aside (the fairseq command it runs is checked), and ``$VAR`` takes the value
+[--bf16-decoding] [--verbose]`` are set aside (the fairseq command it runs is checked), and ``$VAR`` takes the value
 the block gave it (``DIR=...``, ``export A=... B=...``, ``for R in 0 1`` -> 0). A ``...``
 argument stands for "more of the same" and is left out; a command with an ``<angle>``
 placeholder is skipped, as are ``fairseq-hydra-train`` (Hydra overrides, not flags) and
@@ -144,7 +144,7 @@ ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
 # the launcher that runs a fairseq command with the fixes to fairseq 0.12 (realformer_tools/launch.py)
 LAUNCHERS = ("realformer-fairseq",)
-LAUNCHER_FLAGS = ("--data-fixes", "--cpu-bf16")
+LAUNCHER_FLAGS = ("--data-fixes", "--bf16-decoding", "--cpu-bf16", "--verbose")  # launch.OPTIONS
 
 
 def logical_lines(code):
@@ -826,6 +826,11 @@ def test_the_headline_quotes_the_committed_summaries_and_claims_no_more_than_the
             quoted.setdefault(pair, []).append((interval, len(s["seeds"]), s["ci95"]))
     bullets = [line for line in headline().splitlines() if line.startswith("- ")]
     assert len(bullets) == 3, bullets
+    # at most 170 words, and it ends with one sentence that says what a user should do
+    text = headline()[headline().index("**Does it help?**"):]
+    assert len(text.split()) <= 170, len(text.split())
+    last = [line for line in text.splitlines() if line.strip()][-1]
+    assert last.startswith("**What to do:** ") and last.endswith(".") and ". " not in last[:-1], last
     assert "Post-LN" in bullets[0].split("**")[1] and "paper" in bullets[0].split("**")[1], bullets[0]
     assert "Pre-LN Transformer" in bullets[1].split("**")[1], bullets[1]
     assert "does not say" in bullets[2].split("**")[1] and "paper's size" in bullets[2], bullets[2]
