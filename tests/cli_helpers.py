@@ -16,23 +16,23 @@ TINY_FLAGS = (
 ).split()
 
 
-def command(tool, *args, fixes=True, data_fixes=False, cpu_bf16=False):
+def command(tool, *args, fixes=True, data_fixes=False, bf16_decoding=False):
     """The command line of the fairseq tool ``tool`` (``fairseq-train`` ...): through the
     launcher (``python -m realformer_tools.launch``: the fixes to fairseq 0.12, and the data /
-    bf16-on-CPU fixes when asked), or with ``fixes=False`` the plain console script as a user
+    bf16-decoding fixes when asked), or with ``fixes=False`` the plain console script as a user
     without our tools runs it."""
     if not fixes:
-        assert not (data_fixes or cpu_bf16), "the data and bf16 fixes come with the launcher"
+        assert not (data_fixes or bf16_decoding), "the data and bf16 fixes come with the launcher"
         return [str(BIN / tool), *map(str, args)]
-    flags = ["--data-fixes"] * data_fixes + ["--cpu-bf16"] * cpu_bf16
+    flags = ["--data-fixes"] * data_fixes + ["--bf16-decoding"] * bf16_decoding
     return [sys.executable, "-m", "realformer_tools.launch", *flags, tool, *map(str, args)]
 
 
-def run(tool, *args, check=True, input=None, fixes=True, data_fixes=False, cpu_bf16=False, env=None):
+def run(tool, *args, check=True, input=None, fixes=True, data_fixes=False, bf16_decoding=False, env=None):
     """Run the fairseq tool ``tool`` of this venv (through the launcher unless ``fixes=False``:
     see :func:`command`); on failure show the end of its stderr."""
     proc = subprocess.run(
-        command(tool, *args, fixes=fixes, data_fixes=data_fixes, cpu_bf16=cpu_bf16), capture_output=True,
+        command(tool, *args, fixes=fixes, data_fixes=data_fixes, bf16_decoding=bf16_decoding), capture_output=True,
         text=True, env={**cli_env(), **(env or {})}, input=input, timeout=600,
     )
     if check and proc.returncode != 0:

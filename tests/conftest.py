@@ -16,7 +16,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 # The suite runs as a user does: importing the plugin installs nothing, and no switch is set
 # here. A test that needs the fixes to fairseq 0.12 turns them on itself: fairseq tools started
 # through the launcher (cli_helpers.run / command: python -m realformer_tools.launch, with
-# --data-fixes / --cpu-bf16 where a test needs those), in-process work inside
+# --data-fixes / --bf16-decoding where a test needs those), in-process work inside
 # realformer_tools.launch.fixes_installed(...).
 import realformer_nmt  # noqa: E402,F401  (registers the model)
 

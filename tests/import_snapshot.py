@@ -40,8 +40,9 @@ import sys
 import warnings
 
 HOST = ("fairseq_cli.train", "fairseq_cli.generate", "fairseq_cli.interactive", "fairseq_cli.validate",
-        "fairseq_cli.eval_lm", "fairseq_cli.hydra_train", "fairseq.checkpoint_utils", "fairseq.trainer",
-        "fairseq.hub_utils", "fairseq.distributed.utils", "fairseq.data.iterators", "fairseq.file_io")
+        "fairseq_cli.eval_lm", "fairseq_cli.hydra_train", "fairseq_cli.preprocess", "fairseq.checkpoint_utils",
+        "fairseq.trainer", "fairseq.hub_utils", "fairseq.distributed.utils", "fairseq.data.iterators",
+        "fairseq.file_io")
 WATCHED = ("fairseq", "fairseq_cli", "torch", "numpy")
 GROWING = re.compile(r"REGISTRY|CLASS_NAMES")
 
@@ -187,7 +188,7 @@ def main(argv):
         from realformer_tools.launch import fixes_installed
 
         before = snapshot()
-        with fixes_installed(data_fixes=True, cpu_bf16=True, every_sentence=True, quiet=True):
+        with fixes_installed(data_fixes=True, bf16_decoding=True, every_sentence=True, quiet=True):
             inside = snapshot()
         after = snapshot()
         print(json.dumps({"inside": differences(before, inside), "after": differences(before, after)}))

@@ -27,7 +27,7 @@ What a subprocess gives for free is made here, and undone after each call:
   status is 1; ``SystemExit`` gives its code.
 
 The fixes to fairseq: with ``fixes=True`` (the default, as ``cli_helpers.run`` starts a tool)
-the call runs inside ``realformer_tools.launch.fixes_installed(data_fixes=..., cpu_bf16=...)``
+the call runs inside ``realformer_tools.launch.fixes_installed(data_fixes=..., bf16_decoding=...)``
 when the launcher exists, and is the launcher's own ``main`` for a fairseq command (the same
 code as ``realformer-fairseq <command> ...``). Before the launcher existed the fixes were
 installed in the test process by ``tests/conftest.py``'s switches, and the call uses those.
@@ -210,20 +210,20 @@ def _exit_status(function, *args):
     return _exit_code(result if isinstance(result, int) else None)
 
 
-def _call(tool, args, fixes, data_fixes, cpu_bf16):
+def _call(tool, args, fixes, data_fixes, bf16_decoding):
     """The tool's exit status. A fairseq command with the fixes is the launcher's ``main``
-    (``realformer-fairseq [--data-fixes] [--cpu-bf16] <command> ...``, whose fixes are gone when
+    (``realformer-fairseq [--data-fixes] [--bf16-decoding] <command> ...``, whose fixes are gone when
     an exception leaves it); another command with the fixes runs inside ``fixes_installed``, as in a
     process where they were installed for good."""
     launch = checkout_launcher() if fixes else None
     if launch is None:
         return _exit_status(console_function(tool))
-    for name in ("REALFORMER_NMT_DATA_FIXES", "REALFORMER_NMT_CPU_BF16"):
+    for name in ("REALFORMER_NMT_DATA_FIXES", "REALFORMER_NMT_BF16_DECODING", "REALFORMER_NMT_CPU_BF16"):
         os.environ.pop(name, None)  # only the arguments say which fixes this run gets
     if tool in launch.fairseq_commands():
-        flags = ["--data-fixes"] * data_fixes + ["--cpu-bf16"] * cpu_bf16
+        flags = ["--data-fixes"] * data_fixes + ["--bf16-decoding"] * bf16_decoding
         return _exit_status(launch.main, [*flags, tool, *args])
-    with launch.fixes_installed(data_fixes=data_fixes, cpu_bf16=cpu_bf16, quiet=True):
+    with launch.fixes_installed(data_fixes=data_fixes, bf16_decoding=bf16_decoding, quiet=True):
         return _exit_status(console_function(tool))
 
 
@@ -234,11 +234,11 @@ def _show_warning(stream):
 
 
 def run_in_process(tool, *args, check=True, input=None, env=None, cwd=None, fixes=True, data_fixes=False,
-                   cpu_bf16=False, threads=1, argv0=None):
+                   bf16_decoding=False, threads=1, argv0=None):
     """Run the console command ``tool`` with ``args`` in this process, as ``cli_helpers.run`` runs
     it in a subprocess; returns ``subprocess.CompletedProcess(argv, returncode, stdout, stderr)``.
 
-    ``fixes``/``data_fixes``/``cpu_bf16``: the fixes to fairseq the run gets (module docstring), the
+    ``fixes``/``data_fixes``/``bf16_decoding``: the fixes to fairseq the run gets (module docstring), the
     defaults of ``cli_helpers.run``: the launcher's always-on fixes, not the data or bf16 ones.
     ``env``: variables added for the call. ``threads``: torch's intra-op threads meanwhile.
     ``argv0``: ``sys.argv[0]`` (default ``<venv>/bin/<tool>``), e.g. the script under ``scripts/``
@@ -264,7 +264,7 @@ def run_in_process(tool, *args, check=True, input=None, env=None, cwd=None, fixe
             warnings.showwarning = _show_warning(err)
             launch = checkout_launcher() if fixes else None
             _fresh_logging(tool, out, err, launched=launch is not None and tool in launch.fairseq_commands())
-            code = _call(tool, args, fixes, data_fixes, cpu_bf16)
+            code = _call(tool, args, fixes, data_fixes, bf16_decoding)
     finally:
         state.restore()
     proc = subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())

@@ -1,4 +1,4 @@
-"""The bf16 fix reaches only what asks for it: importing the plugin must not change the
+"""The bf16 fixes reach only what asks for it: importing the plugin must not change the
 numerics of a command or a model that did not ask for bf16 on its own command line.
 
 * ``prepare_for_inference_`` casts to bfloat16 only inside fairseq's inference commands
@@ -20,16 +20,16 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models.transformer import TransformerModel
 from inprocess import run_in_process
 
-from realformer_tools.fairseq_fixes import cpu_bf16
+from realformer_tools.fairseq_fixes import bf16_decoding, bf16_without_tpu
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cpu_bf16_fix():
-    """The fix under test, as the launcher's ``--cpu-bf16`` installs it (with the always-on
-    fixes: checkpoints load on torch >= 2.6), for this module's tests only."""
+def bf16_decoding_fix():
+    """The fix under test, as the launcher's ``--bf16-decoding`` installs it (with the always-on
+    fixes: checkpoints load on torch >= 2.6, --bf16 without a TPU), for this module's tests only."""
     from realformer_tools.launch import fixes_installed
 
-    with fixes_installed(cpu_bf16=True, quiet=True, ranks=False):
+    with fixes_installed(bf16_decoding=True, quiet=True, ranks=False):
         yield
 
 
@@ -53,8 +53,8 @@ def test_an_inference_command_casts_only_for_its_own_bf16_flag(caplog, flags, dt
     def main(cfg):  # what fairseq-generate's main does with its models
         model.prepare_for_inference_(cfg)
 
-    with caplog.at_level(logging.INFO, logger=cpu_bf16.__name__):
-        cpu_bf16.notes_bf16_command_line(main)(cfg)
+    with caplog.at_level(logging.INFO, logger=bf16_decoding.__name__):
+        bf16_decoding.notes_bf16_command_line(main)(cfg)
     assert {p.dtype for p in model.parameters()} == {dtype}
     casts = [r for r in caplog.records if "casting" in r.getMessage()]
     assert len(casts) == (1 if dtype == torch.bfloat16 else 0)
@@ -83,7 +83,7 @@ BF16_WRAPPER = "notes_bf16_command_line.<locals>.wrapper"
 
 def test_turning_tpu_off_for_bf16_is_logged(caplog):
     parser = options.get_training_parser()
-    with caplog.at_level(logging.INFO, logger=cpu_bf16.__name__):
+    with caplog.at_level(logging.INFO, logger=bf16_without_tpu.__name__):
         args = options.parse_args_and_arch(parser, input_args=["/nonexistent", "--arch", "transformer",
                                                                "--cpu", "--bf16"])
     assert not args.tpu
@@ -95,7 +95,7 @@ def test_turning_tpu_off_for_bf16_is_logged(caplog):
 def vanilla_bf16_checkpoint(data_bin, tmp_path_factory):
     save = tmp_path_factory.mktemp("vanilla_bf16")
     run_in_process("fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "transformer", *TINY_FLAGS,
-                   "--max-update", 10, "--save-dir", save, "--bf16", cpu_bf16=True)  # (tests/inprocess.py)
+                   "--max-update", 10, "--save-dir", save, "--bf16")  # (tests/inprocess.py)
     return save
 
 
@@ -107,11 +107,11 @@ def test_vanilla_checkpoint_trained_with_bf16_loads_in_float32_through_the_hub(d
     assert {p.dtype for p in hub.parameters()} == {torch.float32}  # ... and loads as the user asked: float32
     sentences = ["a b c d", "e f g"]
     ours = hub.translate(sentences, beam=2)
-    cpu_bf16.uninstall()  # fairseq's own code, for the same weights
+    bf16_decoding.uninstall()  # fairseq's own code, for the same weights
     try:
         theirs = TransformerModel.from_pretrained(str(vanilla_bf16_checkpoint), "checkpoint_last.pt",
                                                   data_name_or_path=str(data_bin))
         assert {p.dtype for p in theirs.parameters()} == {torch.float32}
         assert theirs.translate(sentences, beam=2) == ours
     finally:
-        cpu_bf16.install()
+        bf16_decoding.install()

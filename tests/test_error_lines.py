@@ -13,9 +13,9 @@ from conftest import USER_DIR, cli_env
 from realformer_tools.fairseq_fixes.checkpoint_errors import first_sentence as _first_sentence
 
 
-def run_cli(tool, *args, cpu_bf16=False):
+def run_cli(tool, *args):
     env = dict(cli_env(), PYTHONWARNINGS="ignore")
-    return subprocess.run(command(tool, *args, cpu_bf16=cpu_bf16), capture_output=True, text=True,  # launched
+    return subprocess.run(command(tool, *args), capture_output=True, text=True,  # launched
                           env=env, timeout=600)
 
 
@@ -36,10 +36,10 @@ def assert_one_line(proc, *words):
 
 
 def train(data, save_dir, *flags):
-    """fairseq-train through the launcher; with ``--fp16`` its ``--cpu-bf16`` group, whose
-    cpu_bf16 fix refuses fp16 training on CPU."""
+    """fairseq-train through the launcher (its default fixes: bf16_without_tpu refuses fp16
+    training on CPU)."""
     return run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
-                   "--save-dir", save_dir, *TINY_FLAGS, *flags, cpu_bf16="--fp16" in flags)
+                   "--save-dir", save_dir, *TINY_FLAGS, *flags)
 
 
 @pytest.mark.slow

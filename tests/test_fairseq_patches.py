@@ -6,6 +6,7 @@ import atexit
 import fairseq_cli.eval_lm
 import fairseq_cli.generate
 import fairseq_cli.interactive
+import fairseq_cli.preprocess
 import fairseq_cli.train
 import numpy as np
 import torch
@@ -48,9 +49,10 @@ def replaced_objects():
         "interactive_utf8": (fairseq_cli.interactive.buffered_read,),
         "batch_thread_exit": (iterators.BufferedIterator.__dict__["_create_consumer"],),
         "data_dir_checks": (TranslationTask.__dict__["setup_task"].__func__, indexed_dataset.make_dataset),
-        "cpu_bf16": (options.parse_args_and_arch, BaseFairseqModel.__dict__["prepare_for_inference_"],
-                     Trainer.__dict__["__init__"], fairseq_cli.generate.main, fairseq_cli.interactive.main,
-                     fairseq_cli.eval_lm.main),
+        "bf16_without_tpu": (options.parse_args_and_arch, Trainer.__dict__["__init__"]),
+        "bf16_decoding": (BaseFairseqModel.__dict__["prepare_for_inference_"], fairseq_cli.generate.main,
+                          fairseq_cli.interactive.main, fairseq_cli.eval_lm.main),
+        "preprocess_checks": (fairseq_cli.preprocess.main,),
         "numpy2_compat": (np.compat, np.compat.long, data_utils.get_buckets, bucket_pad_length_dataset.get_buckets),
         "epoch_workers": (iterators.EpochBatchIterator.__dict__["next_epoch_itr"],),
         "resume_batches": (Trainer.__dict__["get_train_iterator"],),
@@ -64,7 +66,7 @@ def test_installing_again_replaces_nothing():
     """With every group of fixes installed (the launcher's ``fixes_installed``), installing
     them again (twice) leaves every replaced object as it is: no second wrapper, no second
     exit hook, no second allow-list entry."""
-    with fixes_installed(data_fixes=True, cpu_bf16=True, every_sentence=True, quiet=True):
+    with fixes_installed(data_fixes=True, bf16_decoding=True, every_sentence=True, quiet=True):
         _check_installing_again()
 
 
@@ -86,7 +88,7 @@ def _check_installing_again():
     safe_globals = list(torch.serialization.get_safe_globals())
 
     for _ in range(2):
-        fairseq_patches.install_for_good(data_fixes=True, cpu_bf16=True, every_sentence=True)
+        fairseq_patches.install_for_good(data_fixes=True, bf16_decoding=True, every_sentence=True)
 
     after = replaced_objects()
     replaced_again = [name for name, objects in before.items()

@@ -20,8 +20,10 @@ import sys
 import pytest
 from conftest import REPO, cli_env
 
-# the launcher's two variables, and the one the plugin read until the fixes left it
-SWITCHES = ("REALFORMER_NMT_DATA_FIXES", "REALFORMER_NMT_CPU_BF16", "REALFORMER_NMT_FAIRSEQ_FIXES")
+# the launcher's variables (REALFORMER_NMT_CPU_BF16: the earlier name of the bf16 one), and the one
+# the plugin read until the fixes left it
+SWITCHES = ("REALFORMER_NMT_DATA_FIXES", "REALFORMER_NMT_BF16_DECODING", "REALFORMER_NMT_CPU_BF16",
+            "REALFORMER_NMT_FAIRSEQ_FIXES")
 
 SNAPSHOT = str(REPO / "tests" / "import_snapshot.py")
 
@@ -41,12 +43,13 @@ FIXED = {
                         "fairseq.distributed_utils:call_main"],  # fairseq's alias of fairseq.distributed.utils
     "arch_choices": ["fairseq.options:add_model_args"],
     "train_preflight": ["fairseq_cli.train:main"],
+    "bf16_without_tpu": ["fairseq.options:parse_args_and_arch", "fairseq.trainer:Trainer.__init__"],
+    "preprocess_checks": ["fairseq_cli.preprocess:main"],
     "one_line_errors": [],  # sys.excepthook (below)
 }
-CPU_BF16_FIXED = {"cpu_bf16": ["fairseq.options:parse_args_and_arch", "fairseq_cli.generate:main",
-                               "fairseq_cli.interactive:main", "fairseq_cli.eval_lm:main",
-                               "fairseq.models.fairseq_model:BaseFairseqModel.prepare_for_inference_",
-                               "fairseq.trainer:Trainer.__init__"]}
+BF16_DECODING_FIXED = {"bf16_decoding": ["fairseq_cli.generate:main", "fairseq_cli.interactive:main",
+                                         "fairseq_cli.eval_lm:main",
+                                         "fairseq.models.fairseq_model:BaseFairseqModel.prepare_for_inference_"]}
 DATA_FIXED = {"keep_last_batch": ["fairseq.data.data_utils:batch_by_size"],
               "epoch_workers": ["fairseq.data.iterators:EpochBatchIterator.next_epoch_itr"],
               "resume_batches": ["fairseq.trainer:Trainer.get_train_iterator"]}
@@ -147,7 +150,7 @@ def test_the_launcher_installs_exactly_the_listed_fixes_and_puts_them_back(snaps
     load only); after the block nothing is left changed (the exit hook is unregistered, which
     ``atexit``'s count does not show: tests/test_launcher.py checks it is not called)."""
     inside, after = snapshots["launcher"]["inside"], snapshots["launcher"]["after"]
-    expected = sorted(name for group in (FIXED, CPU_BF16_FIXED, DATA_FIXED) for names in group.values()
+    expected = sorted(name for group in (FIXED, BF16_DECODING_FIXED, DATA_FIXED) for names in group.values()
                       for name in names)
     assert _replaced(inside) == sorted(expected + LAUNCHER_REPLACES)
     assert _besides(inside) == sorted(FIXES_BESIDES)
@@ -164,5 +167,5 @@ def test_every_fixes_module_is_accounted_for():
                                                       not s.startswith(("sys:", "numpy:"))) for fix in group}
 
     assert listed(fairseq_fixes.ALWAYS_ON) == {name: sorted(specs) for name, specs in FIXED.items()}
-    assert listed(fairseq_fixes.CPU_BF16) == {name: sorted(specs) for name, specs in CPU_BF16_FIXED.items()}
+    assert listed(fairseq_fixes.BF16_DECODING) == {name: sorted(specs) for name, specs in BF16_DECODING_FIXED.items()}
     assert listed(fairseq_fixes.DATA_FIXES) == {name: sorted(specs) for name, specs in DATA_FIXED.items()}

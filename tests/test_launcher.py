@@ -1,8 +1,11 @@
 """The launcher (``realformer-fairseq`` / ``python -m realformer_tools.launch``): a fairseq
 command with the fixes to fairseq 0.12 installed in its process and in the ranks it starts,
-each announced in one log line; its scoring commands keep every sentence; in a program,
-``fixes_installed`` leaves the process as it found it."""
+named in one log line before the command's first (each fix's own line at ``--verbose`` and at
+debug level); an input it refuses is the only line printed; its scoring commands keep every
+sentence; ``--bf16`` is no TPU flag; in a program, ``fixes_installed`` leaves the process as it
+found it."""
 
+import contextlib
 import json
 import re
 import subprocess
@@ -41,15 +44,45 @@ def _hypotheses(output):
     return sum(line.startswith("H-") for line in output.splitlines())
 
 
-def test_each_fix_is_announced_in_one_line(checkpoint):
+def test_the_fixes_are_announced_in_one_line_before_the_commands_first(checkpoint):
+    """fairseq-train's log begins with the launcher's one line naming every fix installed and
+    where they are explained; no line per fix (those are at debug level)."""
     _, log = checkpoint
-    lines = [line for line in log.splitlines() if "| realformer_tools.fairseq_fixes | fairseq fix " in line]
     from realformer_tools import fairseq_fixes
 
-    named = [line.split("fairseq fix ", 1)[1].split(":", 1)[0] for line in lines]
-    assert named == [fairseq_fixes.short_name(fix) for fix in fairseq_fixes.ALWAYS_ON] + ["ranks"]
-    for line, fix in zip(lines, fairseq_fixes.ALWAYS_ON):
-        assert fix.CHANGES in line and all(spec in line for spec in fix.REPLACES)
+    lines = log.splitlines()
+    ours = [line for line in lines if "| realformer_tools.fairseq_fixes |" in line]
+    assert len(ours) == 1 and ours[0] == lines[0], lines[:3]
+    names = ours[0].split("fairseq fixes: ", 1)[1].split(" (", 1)[0].split(", ")
+    assert names == [fairseq_fixes.short_name(fix) for fix in fairseq_fixes.ALWAYS_ON] + ["ranks"]
+    assert "docs/reliability.md#fixes-to-fairseq-itself" in ours[0] and "--verbose" in ours[0]
+    assert "fairseq_cli.train" in lines[1]  # the command's own first line follows
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_verbose_and_debug_give_one_line_per_fix(tmp_path, caplog, verbose):
+    """``--verbose``: one INFO line per fix, naming what it changes and replaces; without it the
+    same lines are logged at DEBUG (shown with LOGLEVEL=DEBUG)."""
+    import logging
+
+    from realformer_tools import fairseq_fixes
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_reversal_corpus(raw, [("train", 20), ("valid", 5)])
+    caplog.set_level(logging.DEBUG, logger=fairseq_fixes.__name__)
+    status = launch.main([*["--verbose"] * verbose, "fairseq-preprocess", "--source-lang", "src", "--target-lang",
+                          "tgt", "--trainpref", raw / "train", "--validpref", raw / "valid", "--destdir",
+                          tmp_path / "bin", "--workers", "1"])
+    assert status == 0
+    records = [r for r in caplog.records if r.name == fairseq_fixes.__name__]
+    assert records[0].getMessage().startswith("fairseq fixes: ") and records[0].levelno == logging.INFO
+    per_fix = records[1:]
+    assert [r.getMessage().split(":", 1)[0] for r in per_fix] == \
+        [f"fairseq fix {fairseq_fixes.short_name(f)}" for f in fairseq_fixes.ALWAYS_ON] + ["fairseq fix ranks"]
+    assert {r.levelno for r in per_fix} == {logging.INFO if verbose else logging.DEBUG}
+    for record, fix in zip(per_fix, fairseq_fixes.ALWAYS_ON):
+        assert fix.CHANGES in record.getMessage() and all(spec in record.getMessage() for spec in fix.REPLACES)
 
 
 @pytest.mark.parametrize("subset", sorted(TEST_SIZES))
@@ -62,7 +95,7 @@ def test_generate_translates_every_sentence(data, checkpoint, subset):
             "--batch-size", 64, "--cpu"]
     launched = run("fairseq-generate", *args)
     assert _hypotheses(launched.stdout) == TEST_SIZES[subset]
-    assert "fairseq fix keep_last_batch: every sentence batched" in launched.stdout
+    assert re.search(r"\| fairseq fixes: [^\n]*\bkeep_last_batch\b", launched.stdout)
     alone = run("fairseq-generate", *args, fixes=False, env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
     assert _hypotheses(alone.stdout) == TEST_SIZES[subset] - TEST_SIZES[subset] % 8
 
@@ -110,10 +143,10 @@ handler = logging.Handler()
 handler.emit = lambda record: records.append(record.getMessage())
 logging.getLogger("realformer_tools.fairseq_fixes").addHandler(handler)
 logging.getLogger("realformer_tools.fairseq_fixes").setLevel(logging.INFO)
-with fixes_installed(data_fixes=True, cpu_bf16=True, every_sentence=True):
+with fixes_installed(data_fixes=True, bf16_decoding=True, every_sentence=True, verbose=True):
     inside = state()
     again = len(records)
-    with fixes_installed(data_fixes=True, cpu_bf16=True):  # nested: nothing new, nothing said
+    with fixes_installed(data_fixes=True, bf16_decoding=True):  # nested: nothing new, nothing said
         pass
     nested = state()
 after = state()
@@ -128,7 +161,8 @@ print(json.dumps({"unchanged_inside": [s for s in specs if inside[s] == before[s
 
 def test_fixes_installed_restores_everything_it_replaced():
     """In a fresh interpreter: inside ``fixes_installed`` (every group) each attribute a fix
-    lists is replaced and one line per fix is logged; nested, nothing more; afterwards every
+    lists is replaced, one line names them and (verbose) one line per fix follows; nested,
+    nothing more; afterwards every
     attribute, ``sys.excepthook`` and the exit hooks are as before."""
     proc = subprocess.run([sys.executable, "-c", _RESTORES], capture_output=True, text=True, env=cli_env(),
                           cwd=REPO, timeout=600)
@@ -140,30 +174,53 @@ def test_fixes_installed_restores_everything_it_replaced():
     assert result["hook_restored"] and result["exit_hook_gone"]
     from realformer_tools import fairseq_fixes
 
-    fixes = fairseq_fixes.chosen(data_fixes=True, cpu_bf16=True, every_sentence=True)
-    assert [line.split(":", 1)[0] for line in result["lines"]] == \
-        [f"fairseq fix {fairseq_fixes.short_name(f)}" for f in fixes] + ["fairseq fix ranks"]
+    fixes = fairseq_fixes.chosen(data_fixes=True, bf16_decoding=True, every_sentence=True)
+    names = [fairseq_fixes.short_name(f) for f in fixes] + ["ranks"]
+    assert result["lines"][0].startswith(f"fairseq fixes: {', '.join(names)} (")
+    assert [line.split(":", 1)[0] for line in result["lines"][1:]] == [f"fairseq fix {name}" for name in names]
 
 
-@pytest.mark.parametrize("parser, said", [("generation", "decodes in bfloat16"),
-                                          ("training", "trains in bfloat16 through fairseq's FP16Optimizer")])
-def test_the_bf16_line_says_what_the_command_does(parser, said, caplog):
-    """``--cpu --bf16``: the cpu_bf16 fix's one line names decoding for fairseq-generate (no
-    optimizer there) and the FP16Optimizer for fairseq-train."""
+@pytest.mark.parametrize("parser, decoding, said", [
+    ("generation", False, "decodes in float32 as fairseq does (the launcher's --bf16-decoding casts the model)"),
+    ("generation", True, "decodes in bfloat16"),
+    ("training", False, "trains in bfloat16 through fairseq's FP16Optimizer")])
+def test_the_bf16_line_says_what_the_command_does(parser, decoding, said, caplog):
+    """``--cpu --bf16``: the bf16_without_tpu fix's one line names decoding for fairseq-generate
+    (in bfloat16 only where the opt-in bf16_decoding fix is installed; no optimizer there) and
+    the FP16Optimizer for fairseq-train."""
     import logging
 
     from fairseq import options
 
-    from realformer_tools.fairseq_fixes import cpu_bf16
+    from realformer_tools.fairseq_fixes import bf16_without_tpu, fixes_installed
 
-    parse = cpu_bf16.bf16_without_tpu(options.parse_args_and_arch)  # the fix's wrapper, installed nowhere
+    parse = bf16_without_tpu.bf16_without_tpu(options.parse_args_and_arch)  # the fix's wrapper, installed nowhere
     words = ["/nonexistent", "--cpu", "--bf16"] + (["--path", "x.pt"] if parser == "generation" else
                                                     ["--arch", "transformer"])
-    with caplog.at_level(logging.INFO, logger=cpu_bf16.__name__):
+    with caplog.at_level(logging.INFO, logger=bf16_without_tpu.__name__), \
+            (fixes_installed(bf16_decoding=True, quiet=True) if decoding else contextlib.nullcontext()):
         args = parse(getattr(options, f"get_{parser}_parser")(), input_args=words)
     lines = [r.getMessage() for r in caplog.records if "--bf16 without a TPU" in r.getMessage()]
     assert not args.tpu and len(lines) == 1 and said in lines[0]
     assert ("FP16Optimizer" in lines[0]) == (parser == "training")
+
+
+def test_bf16_without_cpu_is_no_tpu_under_the_default_fixes():
+    """``fairseq-train --bf16`` without ``--cpu`` (a GPU user's command): fairseq 0.12 alone sets
+    ``tpu`` (and then asks torch_xla for a device); under the launcher's default fixes ``tpu``
+    stays off where torch_xla cannot be imported, so the run trains in bfloat16 on its GPU (on
+    CPU here)."""
+    from fairseq import options
+
+    from realformer_tools.fairseq_fixes import bf16_without_tpu, fixes_installed
+
+    words = ["/nonexistent", "--arch", "transformer", "--bf16"]
+    fairseq_alone = options.parse_args_and_arch(options.get_training_parser(), input_args=words)
+    assert not getattr(options.parse_args_and_arch, "__realformer_fixed__", False) and fairseq_alone.tpu
+    with fixes_installed(quiet=True):  # the launcher's defaults: no group asked for
+        fixed = options.parse_args_and_arch(options.get_training_parser(), input_args=words)
+    assert fixed.bf16 and not fixed.cpu
+    assert fixed.tpu == bf16_without_tpu.tpu_possible() and bf16_without_tpu.tpu_possible() is False
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -178,21 +235,30 @@ def test_usage_errors_are_one_line(argv, message, capsys):
 
 
 def test_switch_values_other_than_0_and_1_are_refused(monkeypatch, capsys):
-    monkeypatch.setenv(launch.CPU_BF16_ENV, "yes")
+    monkeypatch.setenv(launch.BF16_DECODING_ENV, "yes")
     assert launch.main(["fairseq-train"]) == 2
-    assert "REALFORMER_NMT_CPU_BF16='yes': set it to 1 or 0" in capsys.readouterr().err
-    monkeypatch.setenv(launch.CPU_BF16_ENV, "1")
+    assert "REALFORMER_NMT_BF16_DECODING='yes': set it to 1 or 0" in capsys.readouterr().err
+    monkeypatch.setenv(launch.BF16_DECODING_ENV, "1")
     monkeypatch.setenv(launch.DATA_FIXES_ENV, "0")
-    assert launch.parse(["fairseq-generate", "x"]) == ({"data_fixes": False, "cpu_bf16": True}, "fairseq-generate",
-                                                        ["x"])
+    assert launch.parse(["fairseq-generate", "x"]) == (
+        {"data_fixes": False, "bf16_decoding": True, "verbose": False}, "fairseq-generate", ["x"])
     assert launch.parse(["--data-fixes", "/venv/bin/fairseq-train", "-h"])[0]["data_fixes"]
+
+
+def test_the_earlier_bf16_names_still_ask_for_bf16_decoding(monkeypatch):
+    monkeypatch.delenv(launch.BF16_DECODING_ENV, raising=False)
+    monkeypatch.delenv(launch.CPU_BF16_ENV, raising=False)
+    assert not launch.parse(["fairseq-generate", "x"])[0]["bf16_decoding"]
+    assert launch.parse(["--cpu-bf16", "fairseq-generate", "x"])[0]["bf16_decoding"]
+    monkeypatch.setenv(launch.CPU_BF16_ENV, "1")
+    assert launch.parse(["fairseq-generate", "x"])[0]["bf16_decoding"]
 
 
 def test_help_names_the_options(capsys):
     assert launch.main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: realformer-fairseq [--data-fixes] [--cpu-bf16] FAIRSEQ_COMMAND")
-    assert launch.DATA_FIXES_ENV in out and launch.CPU_BF16_ENV in out
+    assert out.startswith("usage: realformer-fairseq [--data-fixes] [--bf16-decoding] [--verbose] FAIRSEQ_COMMAND")
+    assert launch.DATA_FIXES_ENV in out and launch.BF16_DECODING_ENV in out and "--cpu-bf16" in out
 
 
 def test_a_refused_input_is_one_line_in_process(tmp_path, capsys):
@@ -207,6 +273,57 @@ def test_a_refused_input_is_one_line_in_process(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == \
         f"realformer_nmt: error: data directory {str(tmp_path / 'missing')!r} does not exist (the DATA argument)"
     assert fairseq_cli.train.main is own and not (tmp_path / "save").exists()
+
+
+def _refusals(data, tmp):
+    """{case: (launcher arguments, exit status, words of the one line, path that must not exist)}"""
+    raw = tmp / "raw"
+    raw.mkdir()
+    write_reversal_corpus(raw, [("train", 30), ("test", 21)])
+    (raw / "short.src").write_text((raw / "test.src").read_text())
+    (raw / "short.tgt").write_text("".join((raw / "test.tgt").read_text().splitlines(keepends=True)[:20]))
+    (raw / "latin1.src").write_bytes(b"a b\nc d\ncaf\xe9 e\n")
+    (raw / "latin1.tgt").write_bytes(b"B A\nD C\nE F\n")
+    train = ["--arch", "transformer", "--cpu", "--max-update", "1", "--save-dir", tmp / "save"]
+    prep = ["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
+            "--workers", "1", "--destdir", tmp / "bin"]
+    return {
+        "missing data folder": (["fairseq-train", tmp / "missing", *train], 1,
+                                f"data directory {str(tmp / 'missing')!r} does not exist", tmp / "save"),
+        "fp16 on cpu": (["fairseq-train", data, *train, "--fp16"], 1, "--fp16 trains on CUDA GPUs only",
+                        tmp / "save"),
+        "mistyped arch": (["fairseq-train", data, *train, "--arch", "transfomer"], 2,
+                          "--arch 'transfomer' is not a registered architecture: did you mean transformer",
+                          tmp / "save"),
+        "line counts differ": ([*prep, "--testpref", raw / "short"], 1,
+                               f"{raw / 'short.src'} has 21 lines but {raw / 'short.tgt'} has 20", tmp / "bin"),
+        "not utf-8": ([*prep, "--testpref", raw / "latin1"], 1,
+                      f"{raw / 'latin1.src'} is not UTF-8: line 3, byte 4 of the line (0xe9)", tmp / "bin"),
+    }
+
+
+@pytest.mark.slow
+def test_a_refused_input_is_the_only_line_printed(data, tmp_path):
+    """Each input the launcher refuses: one line on stderr (no announcement, no Hydra warning
+    before it, nothing on stdout), the status of its kind (2 for a usage error, as argparse's),
+    and nothing written: no --save-dir, no --destdir."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = {k: v for k, v in cli_env().items() if k != "PYTHONWARNINGS"}
+    cases = _refusals(data, tmp_path)
+
+    def launched(args):
+        return subprocess.run([sys.executable, "-m", "realformer_tools.launch", *map(str, args)], env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    with ThreadPoolExecutor(2) as pool:
+        procs = dict(zip(cases, pool.map(launched, [args for args, _, _, _ in cases.values()])))
+    for case, (_, status, words, written) in cases.items():
+        proc = procs[case]
+        assert (proc.returncode, proc.stdout) == (status, ""), (case, proc.stdout[-2000:], proc.stderr[-2000:])
+        assert proc.stderr.splitlines() == [f"realformer_nmt: error: {proc.stderr.split(': error: ', 1)[1].strip()}"]
+        assert words in proc.stderr, (case, proc.stderr)
+        assert not written.exists(), case
 
 
 def test_the_command_line_helper_uses_the_launcher():

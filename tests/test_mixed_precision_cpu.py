@@ -1,14 +1,14 @@
 """Mixed precision through fairseq's own trainer, on CPU (no GPU needed).
 
-``realformer_tools.fairseq_fixes.cpu_bf16`` makes ``fairseq-train --cpu --bf16`` and
-``--memory-efficient-bf16`` run fairseq's real bf16 path: the model cast by fairseq's
-``Trainer``, ``FP16Optimizer`` (fp32 master weights) or ``MemoryEfficientFP16Optimizer``
-(fp32 optimizer state only), no loss scaler (fairseq's choice for bf16). These tests
-prove it trains: the model's parameters are bf16 during training, the loss goes down,
-nothing overflows, checkpoints load and resume, and ``fairseq-generate --bf16`` decodes
-in bf16. ``--fp16`` on CPU, which fairseq cannot survive (its overflow handling calls
-CUDA), is refused at once with one sentence. The RealFormer running sum stays float32
-and finite, also 48 layers deep.
+``realformer_tools.fairseq_fixes.bf16_without_tpu`` (one of the launcher's default fixes)
+makes ``fairseq-train --cpu --bf16`` and ``--memory-efficient-bf16`` run fairseq's real bf16
+path: the model cast by fairseq's ``Trainer``, ``FP16Optimizer`` (fp32 master weights) or
+``MemoryEfficientFP16Optimizer`` (fp32 optimizer state only), no loss scaler (fairseq's choice
+for bf16). These tests prove it trains: the model's parameters are bf16 during training, the
+loss goes down, nothing overflows, checkpoints load and resume, and ``fairseq-generate --bf16``
+decodes in bf16 (``bf16_decoding``, the launcher's ``--bf16-decoding``). ``--fp16`` on CPU,
+which fairseq cannot survive (its overflow handling calls CUDA), is refused at once with one
+sentence. The RealFormer running sum stays float32 and finite, also 48 layers deep.
 """
 
 import copy
@@ -28,7 +28,7 @@ from inprocess import run_in_process
 
 from realformer_nmt.errors import ConfigError
 from realformer_nmt.modules import ResidualMultiheadAttention
-from realformer_tools.fairseq_fixes import cpu_bf16
+from realformer_tools.fairseq_fixes import bf16_decoding, bf16_without_tpu
 
 TRAIN_INNER = re.compile(r"\| train_inner \|.*? loss=([-\d.na]+),.*?num_updates=(\d+)(.*)")
 UPDATES = 30
@@ -84,11 +84,13 @@ def collect_states(model):
 
 @pytest.fixture
 def fairseq_alone():
-    cpu_bf16.uninstall()
+    bf16_without_tpu.uninstall()
+    bf16_decoding.uninstall()
     try:
         yield
     finally:
-        cpu_bf16.install()
+        bf16_without_tpu.install()
+        bf16_decoding.install()
 
 
 def parse_train_args(*flags):
@@ -136,7 +138,7 @@ def test_patch_keeps_tpu_off_on_cpu_but_honours_an_explicit_tpu():
     # without --cpu, --bf16 still means a TPU where torch_xla can provide one (fairseq's own
     # test for a TPU: ``import torch_xla.core.xla_model`` succeeds)
     assert parse_train_args(*base, "--bf16").tpu == torch_xla_importable()
-    cpu_bf16.install()  # idempotent: a second install wraps nothing twice
+    bf16_without_tpu.install()  # idempotent: a second install wraps nothing twice
     assert not hasattr(options.parse_args_and_arch.__wrapped__, "__wrapped__")
     assert not hasattr(BaseFairseqModel.prepare_for_inference_.__wrapped__, "__wrapped__")
     assert not hasattr(Trainer.__init__.__wrapped__, "__wrapped__")
@@ -228,10 +230,10 @@ def test_trainer_updates_a_low_precision_model_through_fairseq_optimizers(
 # --------------------------------------------------------------------------------------
 
 
-def run(tool, *args, check=True):
-    """``tool`` in this process (tests/inprocess.py: the launcher's ``main`` with ``--cpu-bf16``,
-    stdout, stderr and exit status as a subprocess gives them)."""
-    return run_in_process(tool, *args, check=check, cpu_bf16=True)
+def run(tool, *args, check=True, bf16_decoding=False):
+    """``tool`` in this process (tests/inprocess.py: the launcher's ``main``, its default fixes, with
+    ``--bf16-decoding`` if asked; stdout, stderr and exit status as a subprocess gives them)."""
+    return run_in_process(tool, *args, check=check, bf16_decoding=bf16_decoding)
 
 
 def cli_train(data_bin, save, *flags, arch="realformer_transformer", updates=UPDATES):
@@ -267,7 +269,7 @@ def test_cli_bf16_trains_and_saves_a_bf16_checkpoint(bf16_run):
 def generate(data_bin, ckpt, *flags):
     proc = run(
         "fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", ckpt, "--gen-subset", "test",
-        "--beam", 3, "--cpu", "--batch-size", 16, *flags,
+        "--beam", 3, "--cpu", "--batch-size", 16, *flags, bf16_decoding=True,
     )
     hyps = {}
     for line in proc.stdout.splitlines():
@@ -310,7 +312,7 @@ def test_cli_fp16_on_cpu_is_refused_at_once_with_one_sentence(data_bin, tmp_path
     proc = run("fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
                *TINY_FLAGS, "--max-update", 5, "--save-dir", tmp_path, "--fp16", check=False)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1] == f"realformer_nmt: error: {cpu_bf16.FP16_ON_CPU}"
+    assert proc.stderr.strip().splitlines()[-1] == f"realformer_nmt: error: {bf16_without_tpu.FP16_ON_CPU}"
     assert "Traceback" not in proc.stderr and "train_inner" not in proc.stderr + proc.stdout
     assert not list(tmp_path.iterdir())  # nothing trained, nothing saved
 

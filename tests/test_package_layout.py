@@ -26,7 +26,8 @@ TOOLS_ONLY = ("sacremoses", "subword_nmt", "tensorboardX", "matplotlib", "transf
 FAIRSEQS_OWN = ("scipy", "sacrebleu")
 # The variables the launcher reads, and the one the plugin read before the fixes left it: none of
 # them makes the plugin import anything of the tools.
-SWITCHES = ("REALFORMER_NMT_DATA_FIXES", "REALFORMER_NMT_CPU_BF16", "REALFORMER_NMT_FAIRSEQ_FIXES")
+SWITCHES = ("REALFORMER_NMT_DATA_FIXES", "REALFORMER_NMT_BF16_DECODING", "REALFORMER_NMT_CPU_BF16",
+            "REALFORMER_NMT_FAIRSEQ_FIXES")
 
 
 def _modules(package):
@@ -162,7 +163,8 @@ def test_only_the_tools_import_the_plugin_counting_package_inits():
     plugin, known = _graph(PLUGIN)
     tools, _ = _graph(TOOLS)
     both = _with_packages({**plugin, **tools}, known)
-    assert both[f"{TOOLS}.fairseq_fixes.cpu_bf16"] >= {TOOLS, f"{TOOLS}.fairseq_fixes", PLUGIN, f"{PLUGIN}.errors"}
+    assert both[f"{TOOLS}.fairseq_fixes.bf16_without_tpu"] >= {TOOLS, f"{TOOLS}.fairseq_fixes", PLUGIN,
+                                                               f"{PLUGIN}.errors"}
     assert _between_packages(both) == {(TOOLS, PLUGIN)}
     assert tools[TOOLS] == set()  # the tools' __init__ imports nothing (no "plugin first" order to keep)
 
@@ -260,9 +262,11 @@ def test_the_blocking_finder_does_block(tmp_path):
 def test_a_fix_imports_first_in_a_fresh_python(tmp_path):
     """A fix's module imported before anything else of the project (as a test of it does),
     with ``realformer_tools/__init__.py`` importing nothing: the fixes import the plugin's
-    errors, and the plugin imports nothing of the tools, so no module is met half-imported."""
+    errors, and the plugin imports nothing of the tools, so no module is met half-imported
+    (``preprocess_checks`` also imports the tools' ``data.pipeline``)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in sys.path if p]))
-    proc = subprocess.run([sys.executable, "-c", "import realformer_tools.fairseq_fixes.cpu_bf16"], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-c", "import realformer_tools.fairseq_fixes.preprocess_checks"],
+                          cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
 

@@ -31,6 +31,31 @@ def write_split(out_dir, split, pairs, langs=LANGS):
         _write_lines(os.path.join(out_dir, f"{split}.{lang}"), [p[i] for p in pairs])
 
 
+def not_utf8(path, line, raw, exc):
+    """The DataError for line ``line`` (its bytes ``raw``) of ``path``, which is not UTF-8."""
+    return DataError(f"{path} is not UTF-8: line {line}, byte {exc.start + 1} of the line (0x{raw[exc.start]:02x}): "
+                     "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+
+
+def utf8_line_count(path):
+    """Lines of the file ``path`` as fairseq's text-mode reading counts them (``\\n``, ``\\r\\n``
+    and ``\\r`` end a line; a last line without one counts), read a line at a time; a
+    DataError naming the file, the line and the byte where it is not UTF-8."""
+    count, last = 0, b""
+    try:
+        with open(path, "rb") as f:
+            for line, raw in enumerate(f, 1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise not_utf8(path, line, raw, exc) from None
+                count += raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").count(b"\n")
+                last = raw
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+    return count + (1 if last and not last.endswith((b"\n", b"\r")) else 0)
+
+
 def read_text_lines(path):
     """Lines of a plain or gzipped file: (lines, number of lines with invalid UTF-8).
 
