@@ -74,8 +74,9 @@ setup(
                         # GPU image ships (its CUDA torch pins it)
                         "triton==3.6.0; platform_system == 'Linux' and platform_machine == 'x86_64'"],
                     "plot": ["matplotlib"],
-                    # --residual-attention-kernel triton (auto does not choose it); CUDA builds of
-                    # torch on Linux bring their own triton, which is what it runs with there
+                    # the triton kernel, which --residual-attention-kernel auto runs on CUDA where it
+                    # applies; CUDA builds of torch on Linux bring the triton they pin, which is what it
+                    # runs with there (this extra: another machine, or the CPU tests' interpreter)
                     "triton": ["triton>=3.6.0"],
                     # scripts/export_hf.py and the exported folders (AutoModel*.from_pretrained)
                     "hf": HF,
