@@ -49,6 +49,11 @@ def build_attention(layer, embed_dim, cfg, heads, xformers_att_config, residual_
                                       xformers_att_config=xformers_att_config, **residual_args, **kwargs)
 
 
+def value_args(mix: Optional[str], first: bool) -> dict:
+    """The attention module's value residual arguments (none when off: fairseq's module as before)."""
+    return dict(value_residual=mix, value_first=first) if mix else {}
+
+
 def feed_forward(layer, x: Tensor) -> Tuple[Tensor, Tensor]:
     """The FFN sub-block with its residual and layer norm (fairseq's); ``(x, fc2's output before dropout)``."""
     residual = x
@@ -72,9 +77,10 @@ class RealFormerEncoderLayer(TransformerEncoderLayerBase):
     """Encoder layer: ``(x, prev_state) -> (x, fc_result, state)`` on the encoder self path."""
 
     def __init__(self, cfg, return_fc: bool = False, residual: bool = False, mode: str = "sum",
-                 kernel: str = "auto"):
+                 kernel: str = "auto", value_residual: Optional[str] = None, value_first: bool = False):
         # read by build_self_attention, which fairseq's __init__ calls
-        self._residual_args = dict(residual=residual, mode=mode, kernel=kernel)
+        self._residual_args = dict(residual=residual, mode=mode, kernel=kernel,
+                                   **value_args(value_residual, value_first))
         super().__init__(cfg, return_fc=return_fc)
         use_fairseq_dropout_names(self, "TransformerEncoderLayerBase")
 
@@ -107,9 +113,12 @@ class RealFormerDecoderLayer(TransformerDecoderLayerBase):
     """Decoder layer: ``prev_self_state`` and ``prev_cross_state`` in, ``self_state`` and ``cross_state`` out."""
 
     def __init__(self, cfg, no_encoder_attn: bool = False, self_residual: bool = False, cross_residual: bool = False,
-                 mode: str = "sum", kernel: str = "auto"):
-        self._self_residual_args = dict(residual=self_residual, mode=mode, kernel=kernel)
-        self._cross_residual_args = dict(residual=cross_residual, mode=mode, kernel=kernel)
+                 mode: str = "sum", kernel: str = "auto", self_value: Optional[str] = None,
+                 cross_value: Optional[str] = None, value_first: bool = False):
+        self._self_residual_args = dict(residual=self_residual, mode=mode, kernel=kernel,
+                                        **value_args(self_value, value_first))
+        self._cross_residual_args = dict(residual=cross_residual, mode=mode, kernel=kernel,
+                                         **value_args(cross_value, value_first))
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
         use_fairseq_dropout_names(self, "TransformerDecoderLayerBase")
 

@@ -51,6 +51,9 @@ def hf_config_values(model) -> dict:
         unsupported.append("NormFormer options (--scale-fc / --scale-resids)")
     if getattr(args, "encoder_layers_to_keep", None):
         unsupported.append("--encoder-layers-to-keep")
+    if model.residual.value_paths:  # the exported modeling code has no value residual
+        unsupported.append(f"--value-residual-paths {','.join(sorted(model.residual.value_paths))} "
+                           f"(value residual, --value-residual-mix {model.residual.value_mix})")
     pos = se.embed_positions
     if isinstance(pos, IndexPositionalEmbedding):
         offset, rows = pos.offset, pos.weight.shape[0]

@@ -142,6 +142,10 @@ def _residual_defaults(args):
         args.residual_attention_mode = "mean" if deep else residual_config.DEFAULT_MODE
     if safe_getattr(args, "residual_attention_kernel", None) is None:
         args.residual_attention_kernel = residual_config.DEFAULT_KERNEL
+    if safe_getattr(args, "value_residual_paths", None) is None:
+        args.value_residual_paths = "none"
+    if safe_getattr(args, "value_residual_mix", None) is None:
+        args.value_residual_mix = residual_config.DEFAULT_VALUE_MIX
 
 
 def _dims(args, layers, hidden, heads, ffn):

@@ -25,16 +25,19 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
                               "layers (use transformer_lm-style BASE models without RealFormer)")
         # read by build_decoder_layer during fairseq's __init__
         self.residual = residual_config.resolve(cfg)
+        self._layers_built = 0  # the first layer of a value residual path has no mix
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
         use_fairseq_dropout_names(self, "TransformerDecoder")
         share_kernel_notes(self)  # what its layers say about their kernels, said once per decoder
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        paths = self.residual.paths
+        paths, first = self.residual.paths, self._layers_built == 0
+        self._layers_built += 1
         layer = RealFormerDecoderLayer(cfg, no_encoder_attn=no_encoder_attn, self_residual="decoder" in paths,
                                        cross_residual="cross" in paths, mode=self.residual.mode,
-                                       kernel=self.residual.kernel)
+                                       kernel=self.residual.kernel, self_value=self.residual.value_mix_of("decoder"),
+                                       cross_value=self.residual.value_mix_of("cross"), value_first=first)
         return wrap_layer(layer, cfg)
 
     def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
@@ -116,7 +119,8 @@ class RealFormerTransformerDecoder(TransformerDecoderBase):
                          encoder_padding_mask: Optional[Tensor]) -> Tuple[Optional[MaskFacts], bool]:
         """``(facts, has_pads)``: the :class:`MaskFacts` of the self path's masks, for every layer (None
         where no kernel needs them), and whether the target has padding."""
-        if (self_attn_mask is None or "decoder" not in self.residual.paths or torch.compiler.is_compiling()
+        on_path = "decoder" in self.residual.paths or "decoder" in self.residual.value_paths  # our kernels run
+        if (self_attn_mask is None or not on_path or torch.compiler.is_compiling()
                 or (self.cross_self_attention and enc is None)):
             return None, self.cross_self_attention or bool(target_padding.any())
         if self.cross_self_attention:  # the masks every layer widens over the encoder positions

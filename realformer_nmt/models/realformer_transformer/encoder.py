@@ -24,13 +24,16 @@ class RealFormerTransformerEncoder(TransformerEncoderBase):
         cfg = TransformerConfig.from_namespace(cfg)
         # read by build_encoder_layer during fairseq's __init__
         self.residual = residual_config.resolve(cfg, available=self.RESIDUAL_PATHS)
+        self._layers_built = 0  # the first layer of the value residual path has no mix
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
         use_fairseq_dropout_names(self, "TransformerEncoder")
         share_kernel_notes(self)  # what its layers say about their kernels, said once per encoder
 
     def build_encoder_layer(self, cfg):
+        first, self._layers_built = self._layers_built == 0, self._layers_built + 1
         layer = RealFormerEncoderLayer(cfg, return_fc=self.return_fc, residual="encoder" in self.residual.paths,
-                                       mode=self.residual.mode, kernel=self.residual.kernel)
+                                       mode=self.residual.mode, kernel=self.residual.kernel,
+                                       value_residual=self.residual.value_mix_of("encoder"), value_first=first)
         return wrap_layer(layer, cfg)
 
     def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,

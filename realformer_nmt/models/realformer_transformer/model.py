@@ -74,6 +74,10 @@ def _residual_defaults(args):
         args.residual_attention_mode = residual_config.DEFAULT_MODE
     if getattr(args, "residual_attention_kernel", None) is None:
         args.residual_attention_kernel = residual_config.DEFAULT_KERNEL
+    if getattr(args, "value_residual_paths", None) is None:
+        args.value_residual_paths = "none"
+    if getattr(args, "value_residual_mix", None) is None:
+        args.value_residual_mix = residual_config.DEFAULT_VALUE_MIX
 
 
 def _over(name, fairseq_architecture):

@@ -13,7 +13,8 @@ added, never accumulated. Kernels ``materialized``, ``bias``, ``triton`` (``auto
 compute the same function (docs/internals.md#kernels). One concept per file: ``state.py`` (the
 state, the sum/mean rule), ``module.py`` (the module, the kernel per call), the kernels
 ``materialized.py``, ``bias.py``, ``triton_kernel.py`` (``triton.py``: its Triton code),
-``masks.py``, ``choice.py`` (what ``auto`` runs), ``sdpa_probe.py``.
+``masks.py``, ``choice.py`` (what ``auto`` runs), ``sdpa_probe.py``; ``value_residual.py``: value
+residual (ResFormer), the first layer's values mixed into every later layer's of a path.
 """
 
 from .choice import DEFAULT_CUDA_RULE, KERNELS, PACKAGED_KERNEL_RULE, auto_kernel, cuda_kernel_rule, kernel_rule_source
@@ -21,9 +22,11 @@ from .masks import MaskFacts
 from .module import KernelNotes, ResidualMultiheadAttention, share_kernel_notes
 from .sdpa_probe import bias_has_fused_backend, mask_grad_backends
 from .state import RESIDUAL_MODES, ResidualPath, ResidualState, divisor
+from .value_residual import VALUE_MIXES, ValueResidual
 
 __all__ = [
     "DEFAULT_CUDA_RULE", "KernelNotes", "KERNELS", "MaskFacts", "PACKAGED_KERNEL_RULE", "RESIDUAL_MODES",
     "ResidualMultiheadAttention", "ResidualPath", "ResidualState", "auto_kernel", "bias_has_fused_backend",
-    "cuda_kernel_rule", "divisor", "kernel_rule_source", "mask_grad_backends", "share_kernel_notes",
+    "cuda_kernel_rule", "divisor", "kernel_rule_source", "mask_grad_backends", "share_kernel_notes", "VALUE_MIXES",
+    "ValueResidual",
 ]

@@ -16,6 +16,7 @@ from .masks import MaskFacts
 from .materialized import MaterializedKernel
 from .state import RESIDUAL_MODES, ResidualPath, ResidualState, divisor
 from .triton_kernel import TritonKernel, note_fallback, unsupported
+from .value_residual import ValueResidual
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
@@ -62,9 +63,12 @@ class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, M
     """fairseq ``MultiheadAttention`` that threads RealFormer's residual scores (fairseq's parameters).
 
     ``residual``: on a residual path (off: exactly fairseq's module); ``mode``: ``"sum"`` or
-    ``"mean"``; ``kernel``: ``"auto"``, ``"materialized"``, ``"bias"`` or ``"triton"`` (docs/internals.md#kernels)."""
+    ``"mean"``; ``kernel``: ``"auto"``, ``"materialized"``, ``"bias"`` or ``"triton"`` (docs/internals.md#kernels);
+    ``value_residual``: None (off), ``"half"`` or ``"learned"`` (value_residual.py), ``value_first``: the path's
+    first layer."""
 
-    def __init__(self, *args, residual: bool = False, mode: str = "sum", kernel: str = "auto", **kwargs):
+    def __init__(self, *args, residual: bool = False, mode: str = "sum", kernel: str = "auto",
+                 value_residual: Optional[str] = None, value_first: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         if mode not in RESIDUAL_MODES:
             raise ValueError(f"residual attention mode must be one of {RESIDUAL_MODES}, got {mode!r}")
@@ -79,6 +83,7 @@ class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, M
         self.need_own_weights = False
         self.own_weights: Optional[Tensor] = None
         self.notes = KernelNotes()
+        self.value_residual = ValueResidual(self.v_proj, value_residual, value_first) if value_residual else None
         use_fairseq_dropout_names(self, "MultiheadAttention")
 
     def extra_repr(self) -> str:
@@ -97,8 +102,12 @@ class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, M
         included. ``residual_path``: the caller's :class:`ResidualPath` (the previous layer's state
         in, this layer's out; None: computed as a first layer). ``mask_facts``: the masks'
         :class:`MaskFacts` (None: established here when a kernel needs them)."""
+        if self.value_residual is not None and self.value_residual.call is None:  # V_1 in, V mixed, V_1 out
+            return self.value_residual.around(self.residual, residual_path, lambda path: self.forward(
+                query, key, value, key_padding_mask, incremental_state, need_weights, static_kv, attn_mask,
+                need_head_weights, path, mask_facts))
         prev_state = residual_path.state if residual_path is not None else None
-        if not self.residual:
+        if not self.residual and self.value_residual is None:
             if prev_state is not None:
                 raise ValueError("prev_state given to an attention module that is not on a residual path")
             padding = new_keys_padding(key_padding_mask, query, key, incremental_state, static_kv, self.self_attention)

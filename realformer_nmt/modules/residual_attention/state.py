@@ -21,13 +21,15 @@ def divisor(mode: str, terms: int) -> float:
 class ResidualState(NamedTuple):
     """What one layer of a residual path hands to the same module of the next layer: the running
     sum ``A_n = scores + sum_i queries[i] @ keys[i]^T`` of ``terms`` layers, ``[B, H, T, S]``
-    (docs/internals.md#the-residual-attention-rule)."""
+    (docs/internals.md#the-residual-attention-rule; ``terms`` 0: no scores), and with value
+    residual ``first_value``, the path's ``V_1`` (``value_residual.py``; None: off)."""
 
     scores: Optional[Tensor] = None
     queries: Tuple[Tensor, ...] = ()
     keys: Tuple[Tensor, ...] = ()
     terms: int = 0
     rebuild: Optional[tuple] = None
+    first_value: Optional[Tensor] = None
 
     @classmethod
     def of_scores(cls, scores: Tensor, terms: int = 1) -> "ResidualState":
