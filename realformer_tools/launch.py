@@ -233,6 +233,9 @@ class _AnnounceBeforeFirstLine(logging.Filter):
 
 @contextlib.contextmanager
 def _announced_before_first_line(entries, verbose):
+    """The announcement before the command's first log line, or at its end where it logged
+    none through these handlers (``fairseq-hydra-train``: Hydra sets up logging anew) and
+    ended without an error."""
     root = logging.getLogger()
     handlers, announcer = list(root.handlers), _AnnounceBeforeFirstLine(entries, verbose)
     for handler in handlers:
@@ -242,6 +245,8 @@ def _announced_before_first_line(entries, verbose):
     finally:
         for handler in handlers:
             handler.removeFilter(announcer)
+    if not announcer.done:
+        announcer.filter(None)
 
 
 def main(argv=None) -> int:

@@ -145,6 +145,8 @@ VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
 # the launcher that runs a fairseq command with the fixes to fairseq 0.12 (realformer_tools/launch.py)
 LAUNCHERS = ("realformer-fairseq",)
 LAUNCHER_FLAGS = ("--data-fixes", "--bf16-decoding", "--cpu-bf16", "--verbose")  # launch.OPTIONS
+# a command's output a block assigns (USER_DIR="$(realformer-nmt-user-dir)"): what it prints here
+COMMAND_VALUES = {"$(realformer-nmt-user-dir)": str(REPO / "realformer_nmt")}
 
 
 def logical_lines(code):
@@ -203,6 +205,7 @@ def commands(code):
                 part = part[1:]
             while part and ASSIGNMENT.match(part[0]):
                 name, _, value = part[0].partition("=")
+                value = COMMAND_VALUES.get(value, value)
                 variables[name] = VARIABLE.sub(lambda m: variables.get(m.group(1), m.group(0)), value)
                 part = part[1:]
             if part and part[0] in LAUNCHERS:  # the fairseq command it runs is what gets checked

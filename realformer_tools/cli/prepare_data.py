@@ -3,6 +3,7 @@
 (IWSLT'14: fairseq's own recipe, Moses tokens and subword-nmt BPE).
 
   python scripts/prepare_data.py                                  # synthetic En->De demo corpus
+  python scripts/prepare_data.py --corpus own --raw-dir raw --src en --tgt de --dest work/data  # your own files
   python scripts/prepare_data.py --corpus multi30k --raw-dir ../shared/data/multi30k
   python scripts/prepare_data.py --corpus multi30k --raw-dir ../shared/data/multi30k --src en --tgt fr
   python scripts/prepare_data.py --corpus multi30k --download     # from github.com/multi30k
@@ -24,6 +25,15 @@ being rewritten (safe while trainings read it):
 
   python scripts/prepare_data.py --corpus multi30k --raw-dir ../shared/data/multi30k --add-test-sets
 
+--corpus own reads your files, DIR/{train,valid,test}.{src,tgt} (plain or .gz; any language
+codes), line n of the two files of a split a translation pair. Every file is checked first,
+each problem one line and nothing written: a missing file, text that is not UTF-8 (file,
+line and byte named), two files of a split with different line counts (both named, both
+counts). Train and valid drop pairs with an empty side (counted in prepare.json); test keeps
+every line, so that the hypotheses line up with your own reference file. SentencePiece uses
+the identity normalization: decoding gives back every character seen in training as written
+(its default, NFKC, rewrites ``…``, ``ﬁ``, ``½``, which a reference then keeps).
+
 --corpus iwslt14 reproduces fairseq's examples/translation/prepare-iwslt14.sh in Python
 (sacremoses for tokenizer.perl and lowercase.perl, clean-corpus-n.perl's rules, subword-nmt
 with --bpe-merges merges learned on both sides): --dest (default
@@ -41,9 +51,10 @@ from ._common import run_command
 
 DEFAULT_DEST = {"synthetic": os.path.join("data-bin", "demo_en_de"),
                 "multi30k": os.path.join("data-bin", "multi30k_{src}_{tgt}"),
-                "iwslt14": os.path.join("data-bin", "iwslt14.tokenized.de-en")}
+                "iwslt14": os.path.join("data-bin", "iwslt14.tokenized.de-en"),
+                "own": os.path.join("data-bin", "own_{src}_{tgt}")}
 MULTI30K_LANGS = ("en", "de", "fr")
-DEFAULT_LANGS = {"synthetic": ("en", "de"), "multi30k": ("en", "de"), "iwslt14": ("de", "en")}
+DEFAULT_LANGS = {"synthetic": ("en", "de"), "multi30k": ("en", "de"), "iwslt14": ("de", "en"), "own": ("en", "de")}
 
 
 def parse_args(argv=None):
@@ -51,18 +62,19 @@ def parse_args(argv=None):
     p.add_argument("--corpus", choices=sorted(DEFAULT_DEST), default="synthetic",
                    help="which corpus (default: %(default)s)")
     p.add_argument("--raw-dir", help="multi30k: directory with {train,val,test_2016_flickr}.{src,tgt}[.gz]; "
-                                     "iwslt14: directory holding de-en.tgz or its extracted de-en/ folder")
-    p.add_argument("--src", choices=MULTI30K_LANGS,
-                   help="multi30k: source language (default: en; iwslt14 is de->en only)")
-    p.add_argument("--tgt", choices=MULTI30K_LANGS,
-                   help="multi30k: target language (default: de)")
+                                     "iwslt14: directory holding de-en.tgz or its extracted de-en/ folder; "
+                                     "own: directory with {train,valid,test}.{src,tgt}[.gz]")
+    p.add_argument("--src", help="source language (multi30k: en, de or fr, default en; own: the files' suffix, "
+                                 "default en; iwslt14 is de->en only)")
+    p.add_argument("--tgt", help="target language (multi30k: en, de or fr, default de; own: default de)")
     p.add_argument("--download", action="store_true",
                    help="multi30k: fetch the raw files from GitHub; iwslt14: fetch fairseq's de-en.tgz")
-    p.add_argument("--dest", help="output directory (default: data-bin/demo_en_de, data-bin/multi30k_<src>_<tgt> "
-                                  "or data-bin/iwslt14.tokenized.de-en)")
+    p.add_argument("--dest", help="output directory (default: data-bin/demo_en_de, data-bin/multi30k_<src>_<tgt>, "
+                                  "data-bin/iwslt14.tokenized.de-en or data-bin/own_<src>_<tgt>)")
     p.add_argument("--work-dir", help="raw and SentencePiece (iwslt14: tokenized and BPE) files (default: DEST/work)")
     p.add_argument("--vocab-size", type=int,
-                   help="joint SentencePiece vocabulary (default: 1000 synthetic, 8000 multi30k)")
+                   help="joint SentencePiece vocabulary (default: 1000 synthetic, 8000 multi30k and own; a small "
+                        "corpus gets fewer pieces, as many as it has)")
     p.add_argument("--bpe-merges", type=int,
                    help="iwslt14: subword-nmt merges learned on both sides (default: 10000, the recipe's)")
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
@@ -93,7 +105,15 @@ def check_args(args):
     if args.add_test_sets and not os.path.isfile(os.path.join(args.dest, "prepare.json")):
         return f"--add-test-sets: {args.dest} has no prepare.json: prepare it first (without --add-test-sets)"
     if args.corpus == "synthetic" and (args.raw_dir or args.download):
-        return "--raw-dir and --download only apply to --corpus multi30k and iwslt14"
+        return "--raw-dir and --download only apply to --corpus multi30k, iwslt14 and own"
+    if args.corpus == "own" and args.download:
+        return "--corpus own reads your files: give --raw-dir DIR, not --download"
+    if args.corpus == "own" and not args.raw_dir:
+        return "--corpus own needs --raw-dir DIR, the folder of your {train,valid,test}.{src,tgt} files"
+    if args.corpus == "multi30k":
+        for flag, lang in (("--src", args.src), ("--tgt", args.tgt)):
+            if lang not in MULTI30K_LANGS:
+                return f"{flag} {lang!r}: Multi30k has {', '.join(MULTI30K_LANGS)}"
     if args.corpus == "iwslt14" and args.langs_given and (args.src, args.tgt) != ("de", "en"):
         return "--corpus iwslt14 is German->English only (fairseq's recipe): drop --src/--tgt"
     if args.corpus == "iwslt14" and args.vocab_size is not None:

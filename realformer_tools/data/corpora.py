@@ -1,5 +1,5 @@
 """Corpus dispatch, in one place: ``prepare(corpus, dest_dir)`` writes a named corpus's raw
-text (``synthetic_en_de``, ``multi30k``) and runs the shared ``pipeline`` on it, leaving
+text (``synthetic_en_de``, ``multi30k``, ``own``: the user's files) and runs the shared ``pipeline`` on it, leaving
 fairseq binaries, ``spm.model`` and ``prepare.json`` in ``dest_dir``; ``iwslt14`` runs its
 own recipe (fairseq's ``prepare-iwslt14.sh``: Moses tokens, subword-nmt BPE, ``code``
 instead of ``spm.model``). ``prepared_settings`` reads back what a finished ``prepare``
@@ -15,7 +15,7 @@ import tempfile
 
 from realformer_nmt.errors import DataError
 
-from . import iwslt14, multi30k, synthetic_en_de
+from . import iwslt14, multi30k, own, synthetic_en_de
 from .pipeline import (
     LANGS,
     SPLITS,
@@ -29,8 +29,8 @@ from .pipeline import (
     train_sentencepiece,
 )
 
-DEFAULT_VOCAB = {"synthetic": 1000, "multi30k": 8000}  # SentencePiece corpora
-CORPORA = ("synthetic", "multi30k", "iwslt14")
+DEFAULT_VOCAB = {"synthetic": 1000, "multi30k": 8000, "own": 8000}  # SentencePiece corpora
+CORPORA = ("synthetic", "multi30k", "iwslt14", "own")
 
 
 def prepare_settings(corpus, vocab_size=None, seed=1, synthetic_sizes=None, model_type="bpe",
@@ -51,9 +51,13 @@ def prepare_settings(corpus, vocab_size=None, seed=1, synthetic_sizes=None, mode
         raise DataError("--corpus synthetic is English->German only: drop --src/--tgt")
     if corpus == "multi30k":
         multi30k.check_langs((src, tgt))
+    if corpus == "own":
+        own.check_langs((src, tgt))
     settings = {"corpus": corpus, "vocab_size": vocab_size or DEFAULT_VOCAB[corpus], "model_type": model_type}
-    if (src, tgt) != LANGS:  # en-de data prepared before languages were a choice stays current
+    if (src, tgt) != LANGS or corpus == "own":  # en-de data prepared before languages were a choice stays current
         settings.update(src=src, tgt=tgt)
+    if corpus == "own":
+        settings.update(normalization=own.NORMALIZATION)
     if corpus == "synthetic":
         settings.update(seed=seed, sizes=dict(synthetic_sizes or {}))
     else:
@@ -84,6 +88,8 @@ def prepare(corpus, dest_dir, raw_dir=None, download=False, vocab_size=None, wor
         raise DataError(f"--vocab-size {vocab_size} is too small (use at least 50)")
     if corpus == "multi30k":
         multi30k.check_multi30k_source(raw_dir, download, langs)
+    if corpus == "own":  # every file read and checked before anything is written
+        own_splits, report = own.read_own(raw_dir, langs)
     os.makedirs(dest_dir, exist_ok=True)
     if os.path.exists(os.path.join(dest_dir, "prepare.json")):
         os.remove(os.path.join(dest_dir, "prepare.json"))  # marks dest_dir unfinished until the end
@@ -92,10 +98,15 @@ def prepare(corpus, dest_dir, raw_dir=None, download=False, vocab_size=None, wor
     log(f"[1/4] writing raw {corpus} text to {text_dir}")
     if corpus == "synthetic":
         report = synthetic_en_de.make_synthetic_en_de(text_dir, seed=seed, **settings["sizes"])
+    elif corpus == "own":
+        own.write_own(text_dir, own_splits, langs)
     else:
         report = multi30k.load_multi30k(text_dir, raw_dir=raw_dir, download=download, langs=langs)
-    log(f"[2/4] training a joint SentencePiece {model_type} model (vocab {vocab_size})")
-    model = train_sentencepiece(text_dir, os.path.join(spm_dir, "spm"), vocab_size, model_type, langs=langs)
+    normalization = {"normalization_rule_name": settings["normalization"]} if "normalization" in settings else {}
+    log(f"[2/4] training a joint SentencePiece {model_type} model (vocab {vocab_size}"
+        f"{', normalization ' + settings['normalization'] if normalization else ''})")
+    model = train_sentencepiece(text_dir, os.path.join(spm_dir, "spm"), vocab_size, model_type, langs=langs,
+                                **normalization)
     log("[3/4] encoding splits into pieces")
     encode_files(model, text_dir, spm_dir, langs=langs)
     log(f"[4/4] fairseq-preprocess -> {dest_dir}")

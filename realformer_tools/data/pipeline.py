@@ -56,11 +56,12 @@ def utf8_line_count(path):
     return count + (1 if last and not last.endswith((b"\n", b"\r")) else 0)
 
 
-def read_text_lines(path):
+def read_text_lines(path, strict=False):
     """Lines of a plain or gzipped file: (lines, number of lines with invalid UTF-8).
 
     Only ``\\n`` ends a line; whitespace inside a line (``\\r``, tabs, ...) is collapsed
-    to single spaces so that every downstream tool sees the same line count.
+    to single spaces so that every downstream tool sees the same line count. Invalid UTF-8 is
+    replaced (U+FFFD) and counted, or with ``strict`` a DataError naming the line and byte.
     """
     opener = gzip.open if path.endswith(".gz") else open
     try:
@@ -72,10 +73,12 @@ def read_text_lines(path):
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()
     lines, bad = [], 0
-    for raw in raw_lines:
+    for number, raw in enumerate(raw_lines, 1):
         try:
             text = raw.decode("utf-8")
-        except UnicodeDecodeError:
+        except UnicodeDecodeError as exc:
+            if strict:
+                raise not_utf8(path, number, raw, exc) from None
             text, bad = raw.decode("utf-8", errors="replace"), bad + 1
         lines.append(" ".join(text.lstrip("\ufeff").split()))
     return lines, bad
@@ -98,16 +101,19 @@ def read_parallel(src_path, tgt_path):
 # SentencePiece and fairseq-preprocess
 # --------------------------------------------------------------------------------------
 
-def train_sentencepiece(raw_dir, out_prefix, vocab_size, model_type="bpe", max_sentences=0, langs=LANGS):
-    """Train a joint SentencePiece model on ``train.<src>`` + ``train.<tgt>``; return the .model path."""
+def train_sentencepiece(raw_dir, out_prefix, vocab_size, model_type="bpe", max_sentences=0, langs=LANGS,
+                        **options):
+    """Train a joint SentencePiece model on ``train.<src>`` + ``train.<tgt>``; return the .model path
+    (``options``: as :func:`train_sentencepiece_on`'s)."""
     inputs = [os.path.join(raw_dir, f"train.{lang}") for lang in langs]
-    return train_sentencepiece_on(inputs, out_prefix, vocab_size, model_type, max_sentences)
+    return train_sentencepiece_on(inputs, out_prefix, vocab_size, model_type, max_sentences, **options)
 
 
 def train_sentencepiece_on(inputs, out_prefix, vocab_size, model_type="bpe", max_sentences=0, **options):
     """Train a SentencePiece model on the text files ``inputs``; return the .model path.
 
-    ``options``: further ``SentencePieceTrainer`` options (e.g. ``user_defined_symbols``)."""
+    ``options``: further ``SentencePieceTrainer`` options (e.g. ``user_defined_symbols``,
+    ``normalization_rule_name="identity"``)."""
     import sentencepiece as spm
 
     os.makedirs(os.path.dirname(os.path.abspath(out_prefix)), exist_ok=True)
