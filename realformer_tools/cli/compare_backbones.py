@@ -24,6 +24,14 @@
       --backbones preln,realformer_preln --max-update 1800 --seeds 1,2,3,4,5,6,7,8,9,10 --jobs 2 \\
       --report-only --import-results results/multi30k_en_de.json --results results/multi30k_en_de.json
 
+  # value residual (ResFormer) on Pre-LN, with and without residual scores, at the ten seeds of Pre-LN and
+  # RealFormer on Pre-LN (taken from the results file: only the two new backbones train), each against
+  # Pre-LN, RealFormer on Pre-LN and each other on the three test sets, intervals corrected for the family:
+  python scripts/compare_backbones.py --data data-bin/multi30k_en_de --out runs/compare/m30k \\
+      --backbones preln,realformer_preln,preln_vr,realformer_preln_vr --max-update 1800 \\
+      --seeds 1,2,3,4,5,6,7,8,9,10 --jobs 2 --import-results results/multi30k_en_de.json \\
+      --results results/multi30k_en_de.json
+
   # the same recipe on a second language pair (prepare_data.py --corpus multi30k --src en --tgt fr):
   python scripts/compare_backbones.py --data data-bin/multi30k_en_fr --out runs/compare/m30k_en_fr \\
       --backbones postln,preln,realformer,realformer_preln --max-update 1800 --seeds 1,2,3 --jobs 2 \\
@@ -138,7 +146,7 @@ from ._common import add_device_flags, comma_list, run_command
 
 BACKBONES = ("postln", "preln", "realformer")
 VARIANTS = BACKBONES + ("realformer_mean", "realformer_preln", "realformer_encoder", "realformer_decoder",
-                       "realformer_cross")
+                       "realformer_cross", "preln_vr", "realformer_preln_vr")  # = recipe.VARIANTS
 DEPTH_BACKBONES = ("postln", "preln", "realformer", "realformer_mean", "realformer_preln")
 DEPTH_SIZE = dict(embed_dim=128, ffn_dim=512, heads=4)  # compare.DEPTH_SIZE (kept here: --help without fairseq)
 STABILITY_BACKBONES = ("postln", "realformer", "realformer_mean", "preln", "realformer_preln")  # stability.py's

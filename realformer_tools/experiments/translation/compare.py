@@ -12,7 +12,8 @@ from realformer_nmt.errors import ConfigError
 from .. import fairseq_runs
 from .figures import COLORS, curve_over_seeds, paired_curves, pyplot
 from .intervals import corrected_interval, rerun_seeds
-from .recipe import BACKBONES, MAIN_ORDER, corpus_info, test_references
+from .pairs import add_pairs, pair_lines
+from .recipe import BACKBONES, MAIN_ORDER, ON_PRELN, corpus_info, test_references
 from .report import (
     SEED_PAIRED_NOTE,
     bleu_cell,
@@ -56,7 +57,8 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
     run in ``<stem>_hyps/``. With ``postln`` among the backbones, every other backbone gets
     ``paired_vs_postln`` (sacreBLEU's paired bootstrap test against Post-LN of the same
     seed) and ``seed_paired_vs_postln`` (the BLEU differences seed by seed); with ``preln``,
-    ``seed_paired_vs_preln`` (and ``paired_vs_preln`` for ``realformer_preln``).
+    ``seed_paired_vs_preln`` (and ``paired_vs_preln`` for the backbones on Pre-LN); the value residual
+    study's pairs get their family's records (``pairs.py``).
     ``report_only`` trains nothing and reports the runs finished so far (``runs`` in the
     JSON lists the done and the missing ones); it still decodes finished runs on the test
     sets they lack.
@@ -117,11 +119,11 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
         if reference not in results:
             continue
         for b in results:
-            if b != reference and (reference == "postln" or b == "realformer_preln"):
+            if b != reference and (reference == "postln" or b in ON_PRELN):
                 summary[b][f"paired_vs_{reference}"] = paired_vs(results[reference], results[b], refs,
                                                                  bootstrap_samples)
     add_seed_paired(summary)
-    add_test_set_paired(summary)
+    add_pairs(add_test_set_paired(summary))
     signatures = {r["signature"] for rs in results.values() for r in rs if r["signature"]}
     summary.update(
         title=title or corpus_info(data)["title"],
@@ -200,7 +202,6 @@ def reproducibility(trained, committed, previous, source):
             "runs": [records[k] for k in sorted(records, key=lambda k: (rank.get(k[0], len(rank)), k[1]))]}
 
 
-
 def seeds_phrase(n_seeds, seeds, equal=True):
     """How a table's spread over seeds is given (``equal``: every backbone has the same seeds)."""
     if not equal:
@@ -270,7 +271,7 @@ def comparison_markdown(summary):
             + f"{s['updates']} | {', '.join(seconds(t) for t in s['train_seconds_per_seed'])} |")
     if seed_paired:
         lines += ["", SEED_PAIRED_NOTE + "."]
-    lines += test_set_lines(summary, backbones) + paired_by_set_lines(summary, backbones)
+    lines += test_set_lines(summary, backbones) + paired_by_set_lines(summary, backbones) + pair_lines(summary)
     lines += reproducibility_lines(summary)
     lines += ["", "Backbones (the only flags that differ):", ""]
     for b in backbones:
@@ -379,10 +380,10 @@ def reproducibility_lines(summary):
     return lines
 
 
-QUESTIONS = (("realformer", "postln"), ("realformer_preln", "preln"))  # the two a comparison answers
-
-
-PAIRED_CURVES = (("realformer", "postln"), ("preln", "postln"), ("realformer_preln", "preln"))
+QUESTIONS = (("realformer", "postln"), ("realformer_preln", "preln"), ("preln_vr", "preln"),
+             ("realformer_preln_vr", "preln"))  # what a comparison answers (where the backbones ran)
+PAIRED_CURVES = (("realformer", "postln"), ("preln", "postln"), ("realformer_preln", "preln"), ("preln_vr", "preln"),
+                 ("realformer_preln_vr", "preln"))
 
 
 def plot_comparison(summary, path):

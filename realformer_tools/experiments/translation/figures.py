@@ -5,7 +5,8 @@ Imports nothing of the studies, so every figure can use it."""
 
 COLORS = {"postln": "tab:blue", "preln": "tab:orange", "realformer": "tab:green", "realformer_mean": "tab:red",
            "realformer_preln": "tab:purple",
-           "realformer_encoder": "tab:cyan", "realformer_decoder": "tab:brown", "realformer_cross": "tab:pink"}
+           "realformer_encoder": "tab:cyan", "realformer_decoder": "tab:brown", "realformer_cross": "tab:pink",
+           "preln_vr": "tab:olive", "realformer_preln_vr": "tab:gray"}
 
 
 def pyplot():

@@ -17,7 +17,9 @@ from ...plugin_dir import plugin_dir
 from .. import fairseq_runs
 
 BACKBONES = ("postln", "preln", "realformer")  # the main comparison's default set
-MAIN_ORDER = BACKBONES + ("realformer_preln", "realformer_mean")  # table and plot order of a comparison
+# table and plot order of a comparison
+MAIN_ORDER = BACKBONES + ("realformer_preln", "realformer_mean", "preln_vr", "realformer_preln_vr")
+ON_PRELN = ("realformer_preln", "preln_vr", "realformer_preln_vr")  # tested against Pre-LN on the same sentences
 DEPTH_BACKBONES = ("postln", "preln", "realformer", "realformer_mean", "realformer_preln")
 
 
@@ -25,7 +27,19 @@ DEPTH_BACKBONES = ("postln", "preln", "realformer", "realformer_mean", "realform
 ABLATION = {"postln": "postln", "encoder": "realformer_encoder", "decoder": "realformer_decoder",
             "cross": "realformer_cross", "all": "realformer"}
 VARIANTS = BACKBONES + ("realformer_mean", "realformer_preln", "realformer_encoder", "realformer_decoder",
-                       "realformer_cross")
+                       "realformer_cross", "preln_vr", "realformer_preln_vr")
+# Value residual (ResFormer, Zhou et al., arXiv 2410.17897) on the encoder and decoder self-attention
+# paths, with the learned mix: no source recommends the fixed half mix at any small size. ResFormer's code
+# (github.com/Zcchill/Value-Residual-Learning) trains the half mix; its paper also has a Learnable-ResFormer
+# (lambdas learned from 0.5, 0.5), reported at least as good at its smallest size (82M parameters, 8
+# layers; read in summaries of the paper, not checked in its text); x-transformers learns its mix by
+# default (learned_value_residual_mix=True), modded-nanogpt learns per-layer lambdas from (0.5, 0.5). The
+# 3+3-layer, d=256 recipe is far below every size they report (docs/internals.md#value-residual).
+VALUE_RESIDUAL_MIX = "learned"
+VALUE_RESIDUAL_FLAGS = ["--value-residual-paths", "encoder,decoder", "--value-residual-mix", VALUE_RESIDUAL_MIX]
+# the value residual study's seed-paired comparisons (backbone, reference), one family (pairs.py)
+VALUE_RESIDUAL_PAIRS = (("preln_vr", "preln"), ("realformer_preln_vr", "preln"), ("preln_vr", "realformer_preln"),
+                        ("realformer_preln_vr", "realformer_preln"), ("realformer_preln_vr", "preln_vr"))
 BACKBONE_DESCRIPTIONS = {
     "postln": "fairseq `transformer` (Post-LN)",
     "preln": "fairseq `transformer` + `--encoder-normalize-before --decoder-normalize-before` (Pre-LN)",
@@ -36,6 +50,11 @@ BACKBONE_DESCRIPTIONS = {
     "realformer_encoder": "`realformer_transformer`, residual attention on the encoder self-attention only",
     "realformer_decoder": "`realformer_transformer`, residual attention on the decoder self-attention only",
     "realformer_cross": "`realformer_transformer`, residual attention on the encoder-decoder attention only",
+    "preln_vr": "`realformer_transformer`, Pre-LN, no residual attention, value residual (ResFormer) on the encoder "
+                "and decoder self-attention, learned mix (lambdas from 0.5, 0.5: ResFormer's Learnable-ResFormer; no "
+                "source recommends the fixed half mix at this size)",
+    "realformer_preln_vr": "`realformer_transformer`, Pre-LN, residual attention on encoder, decoder and cross paths "
+                           "and value residual on the encoder and decoder self-attention, learned mix (as preln_vr)",
 }
 
 
@@ -75,13 +94,18 @@ def backbone_flags(name, residual_mode="sum"):
     if name == "preln":
         return ["--arch", "transformer", "--encoder-normalize-before", "--decoder-normalize-before"]
     paths = {"realformer": "encoder,decoder,cross", "realformer_mean": "encoder,decoder,cross",
-             "realformer_preln": "encoder,decoder,cross",
+             "realformer_preln": "encoder,decoder,cross", "realformer_preln_vr": "encoder,decoder,cross",
              "realformer_encoder": "encoder", "realformer_decoder": "decoder", "realformer_cross": "cross"}
+    if name == "preln_vr":
+        return (["--arch", "realformer_transformer", "--residual-attention-paths", "none"] + VALUE_RESIDUAL_FLAGS
+                + ["--encoder-normalize-before", "--decoder-normalize-before"])
     if name in paths:
         mode = "mean" if name == "realformer_mean" else residual_mode
         flags = ["--arch", "realformer_transformer", "--residual-attention-paths", paths[name],
                  "--residual-attention-mode", mode]
-        if name == "realformer_preln":
+        if name == "realformer_preln_vr":
+            flags += VALUE_RESIDUAL_FLAGS
+        if name in ON_PRELN:
             flags += ["--encoder-normalize-before", "--decoder-normalize-before"]
         return flags
     raise ConfigError(f"--backbones: unknown backbone {name!r} (choose from {', '.join(VARIANTS)})")

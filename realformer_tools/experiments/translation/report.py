@@ -99,7 +99,7 @@ def seed_paired_cell(s, key="seed_paired_vs_postln", digits=2):
     cell = f"{p['mean']:+.{d}f} ± {p['sd']:.{d}f} (95% CI {p['ci95'][0]:+.{d}f} to {p['ci95'][1]:+.{d}f}"
     if p.get("ci95_corrected"):
         low, high = p["ci95_corrected"]
-        cell += f"; corrected for {p['corrected_for']} rates {low:+.{d}f} to {high:+.{d}f}"
+        cell += f"; corrected for {p['corrected_for']} {p.get('corrected_what', 'rates')} {low:+.{d}f} to {high:+.{d}f}"
     cell = f"{cell})"
     cell = f"**{cell}**" if excludes_zero(p) else cell
     return f"{per_seed} = {cell}"

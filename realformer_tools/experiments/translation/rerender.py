@@ -22,6 +22,7 @@ from .ablation import ablation_markdown, plot_ablation
 from .compare import comparison_markdown, plot_comparison
 from .depth import DEPTH_REFERENCE, depth_markdown, plot_depth
 from .lr_sweep import classify_sweep, plot_sweep, sweep_markdown, sweep_reference, sweep_seed_paired
+from .pairs import add_pairs
 from .recipe import ABLATION, MAIN_ORDER
 from .report import write_outputs
 from .stability import add_corrected, best_rates, plot_stability, stability_markdown
@@ -58,7 +59,7 @@ def upgrade(summary):
         if k == "comparison":
             for e in entries.values():
                 test_set_means(e)
-            add_test_set_paired(entries)
+            add_pairs(add_test_set_paired(entries))
         _paired_note(summary)
     elif k == "ablation":
         entries = {key: summary[key] for key in ABLATION if key in summary}

@@ -22,10 +22,13 @@ seeds are part of another's under the larger one (``stability limit [its seeds 1
 stress]``: the grid added seed 3 to the depth test's seeds 1-2; ``comparison [its seeds 1-2 =
 path ablation, all three paths]``). A comparison's row names the test set it is scored on.
 
-Where a comparison was scored on several test sets, each set's interval is also drawn
-corrected for their number (Bonferroni), and only that one decides whether the mean is
-filled; seeds whose run was trained again without reproducing its committed run are drawn
-as crosses (``reproducibility`` in the JSON). Both panels of a block share one x-scale.
+A comparison with the value residual backbones (``preln_vr``, ``realformer_preln_vr``) adds their
+rows minus Pre-LN to the right column, per test set and over the sets, each interval corrected
+for the family of comparisons it belongs to (``pairs.py``). Where a comparison was scored on
+several test sets, each set's interval is also drawn corrected for their number (Bonferroni),
+and only that one decides whether the mean is filled; seeds whose run was trained again
+without reproducing its committed run are drawn as crosses (``reproducibility`` in the JSON).
+Both panels of a block share one x-scale.
 """
 
 import glob
@@ -38,7 +41,8 @@ from .recipe import MAIN_ORDER
 
 COMPARISONS = (("realformer", "seed_paired_vs_postln", "RealFormer − Post-LN"),
                ("realformer_preln", "seed_paired_vs_preln", "RealFormer on Pre-LN − Pre-LN"))
-COLUMN_TITLES = ("RealFormer (or one path) − Post-LN", "RealFormer on Pre-LN − Pre-LN")
+COLUMN_TITLES = ("RealFormer (or one path) − Post-LN", "RealFormer (or value residual) on Pre-LN − Pre-LN")
+VALUE_RESIDUAL = {"preln_vr": "value residual", "realformer_preln_vr": "RealFormer + value residual"}  # on Pre-LN
 REFERENCE = {"seed_paired_vs_postln": "postln", "seed_paired_vs_preln": "preln"}
 STUDY_NAMES = {"comparison": "comparison", "depth": "depth stress", "stability": "lr limit",
                "lr_sweep": "lr sweep", "mlm": "masked LM", "ablation": "path ablation"}
@@ -105,6 +109,8 @@ def _cell(entry, key, entries, record=None, family=1, reruns=(), family_word="se
         return None
     reference = entries.get(REFERENCE[key]) or {}
     failed = not _ok((entry or {}).get("status_per_seed", [])) and not _ok(reference.get("status_per_seed", []))
+    if record.get("corrected_for"):  # one of a family of comparisons (pairs.py): corrected for all of them
+        family, family_word = record["corrected_for"], record.get("corrected_what", family_word)
     return dict(record, failed=failed, family=family, family_word=family_word,
                 reruns=[seed for seed in reruns if seed in record["seeds"]])
 
@@ -153,6 +159,23 @@ def _test_set_rows(summary, base):
     return rows
 
 
+def _value_residual_rows(summary, base, headline):
+    """The value residual backbones minus Pre-LN (right column), on each test set and their mean."""
+    rows, key = [], "seed_paired_vs_preln"
+    for backbone, name in VALUE_RESIDUAL.items():
+        entry = summary.get(backbone)
+        if not isinstance(entry, dict) or not entry.get(key):
+            continue
+        by_set = entry.get(f"{key}_by_test_set") or {headline: entry[key]}
+        for test_set, record in list(by_set.items()) + [("mean of the test sets", entry.get(f"{key}_over_test_sets"))]:
+            cell = _cell(entry, key, summary, record or {}, family=_family(entry, key),
+                         reruns=_reruns(summary, backbone, key))
+            where = test_set if test_set.startswith("mean") else f"on {test_set}"
+            if cell is not None:
+                rows.append(dict(base, variant=f"{name}, {where}", cells=[None, cell], one_column=True))
+    return rows
+
+
 def _headline_set(summary):
     """The test set a comparison's own records are scored on, where it names its sets."""
     for backbone, key, _ in COMPARISONS:
@@ -171,7 +194,8 @@ def rows_of(summary, kind, name):
         base.update(depth=settings.get("layers"), lr=settings.get("lr"))
         headline = _headline_set(summary) if kind == "comparison" else None
         rows = [dict(base, cells=_entry_cells(summary), test_set=headline)]
-        return rows + (_test_set_rows(summary, base) if kind == "comparison" else [])
+        return rows + (_test_set_rows(summary, base) + _value_residual_rows(summary, base, headline)
+                       if kind == "comparison" else [])
     if kind == "ablation":
         base.update(depth=settings.get("layers"), lr=settings.get("lr"))
         entries = {"postln": summary.get("postln")}
@@ -387,8 +411,8 @@ def draw_summary(rows):
                         a.axhspan(y - 0.5, y + 0.5, color="0.94", zorder=0)
                 cell = row["cells"][col]
                 if cell is None:
-                    empty = ("—" if row["kind"] == "ablation" else "not scored on this set" if row.get("variant")
-                             else "not run")
+                    empty = ("—" if row["kind"] == "ablation" or row.get("one_column")
+                             else "not scored on this set" if row.get("variant") else "not run")
                     text_ax.text(0.02, y, empty, va="center", fontsize=8.5, color="0.55")
                     continue
                 _draw_cell(ax, y, cell, "0.45" if faint else colors[col], limits, faint)
