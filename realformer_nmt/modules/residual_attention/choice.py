@@ -19,14 +19,16 @@ logger = logging.getLogger(__name__)
 def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int, dtype=None, head_dim=None,
                 prefer_triton: Optional[bool] = None, notes=None) -> str:
     """The kernel ``auto`` runs for layer ``terms`` of a path on a full (uncached) pass: ``materialized``
-    on CPU; on CUDA ``triton`` where it applies (unless ``prefer_triton=False``), else the packaged
-    rule, ``bias`` becoming ``materialized`` without a fused SDPA backend (docs/internals.md#what-auto-runs).
-    """
+    on CPU; on CUDA ``triton`` where it applies in fp16 / bf16 (unless ``prefer_triton=False``), else the
+    packaged rule, ``bias`` becoming ``materialized`` without a fused SDPA backend
+    (docs/internals.md#what-auto-runs)."""
     if device.type != "cuda":
         return "materialized"
     if prefer_triton is None:
         prefer_triton = AUTO_PREFERS_TRITON
     reason = triton_kernel.unsupported(device, dtype, head_dim) if prefer_triton else "not preferred"
+    if reason is None and dtype == torch.float32 and not torch.is_autocast_enabled(device.type):  # --amp: half
+        reason = AUTO_FLOAT32
     if reason is None:
         return "triton"
     rule, origin = cuda_kernel_rule(), _read_packaged_rule()[1]
@@ -45,6 +47,10 @@ def auto_kernel(*, device: torch.device, training_dropout: bool, terms: int, dty
 
 # Whether ``auto`` runs ``triton`` on CUDA where it applies (measured: docs/internals.md#what-auto-runs).
 AUTO_PREFERS_TRITON = True
+# ... but not in float32 until a GPU measures it there (docs/performance.md#the-triton-kernel)
+AUTO_FLOAT32 = ("auto does not choose it in float32 on CUDA: its IEEE float32 dot products use no tensor cores "
+                "(an earlier version took 86 s for 25 updates on an H100 where bias took 7 s); "
+                "--residual-attention-kernel triton runs it")
 
 DEFAULT_CUDA_RULE = {"first_layer": "bias", "later_layers": "bias"}
 RULE_KERNELS = ("materialized", "bias", "triton")  # triton: only where it applies, else bias

@@ -15,7 +15,7 @@ from .choice import KERNELS
 from .masks import MaskFacts
 from .materialized import MaterializedKernel
 from .state import RESIDUAL_MODES, ResidualPath, ResidualState, divisor
-from .triton_kernel import TritonKernel, note_fallback, unsupported
+from .triton_kernel import TritonFailed, TritonKernel, failure_line, note_fallback, unsupported
 from .value_residual import ValueResidual
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
@@ -121,11 +121,9 @@ class ResidualMultiheadAttention(MaterializedKernel, BiasKernel, TritonKernel, M
             run = self._bias_forward if kernel == "bias" else self._triton_forward
             try:
                 output, weights, state = run(query, key, value, key_padding_mask, attn_mask, prev_state, facts)
-            except Exception as error:  # only Triton's own errors, only under auto (below)
-                if kernel != "triton" or self.kernel != "auto" or not type(error).__module__.startswith("triton"):
-                    raise
-                # Triton failed to compile or launch: auto stops choosing it in this model
-                self.notes.triton_failed = f"Triton failed on this machine: {type(error).__name__}: {error}"[:300]
+            except TritonFailed as failure:  # under auto, Triton failed to compile or launch (forward or backward)
+                # auto stops choosing it in this model
+                self.notes.triton_failed = f"Triton failed on this machine: {failure_line(failure.__cause__)}"
                 self.notes.say(logging.WARNING, "residual attention kernel 'triton' disabled for auto in this model "
                                "(%s): auto runs its other kernels from here on", self.notes.triton_failed)
                 return self.forward(query, key, value, key_padding_mask, incremental_state, need_weights,

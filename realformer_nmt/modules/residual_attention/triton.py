@@ -42,9 +42,16 @@ def _add_scores(q, k, scale, base, PRECISION: tl.constexpr):
 
 
 @_jit
-def _keep(bh, rows, cols, T, S, dropout_p, seed, offset):
-    """The dropout keep mask of a tile: Philox draw number ``offset + (bh T + row) S + col``."""
-    return tl.rand(seed, offset + (bh.to(tl.int64) * T + rows[:, None]) * S + cols[None, :]) >= dropout_p
+def _keep(bh, rows, start_n, S, dropout_p, seed, offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The dropout keep mask of the tile of ``rows`` x columns from ``start_n`` (a multiple of 4): one
+    Philox call per 4 columns, counter ``(row ceil(S / 4) + col // 4, bh, offset)``, its draw ``col % 4``
+    kept where, as an unsigned 32-bit integer, it is at least ``p 2^32``."""
+    quads = rows[:, None] * ((S + 3) // 4) + (start_n // 4 + tl.arange(0, BLOCK_N // 4))[None, :]
+    offset = offset + tl.zeros([], tl.int64)  # (a Python int in the interpreter)
+    r0, r1, r2, r3 = tl.philox(seed, quads, bh, offset.to(tl.uint32), (offset >> 32).to(tl.uint32))
+    # column 4j + 2e + c takes draw 2e + c of counter j
+    draws = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK_M, BLOCK_N])
+    return draws >= (tl.full([], 4294967296.0, tl.float32) * dropout_p).to(tl.uint32)
 
 
 @_jit
@@ -57,7 +64,7 @@ def _forward(Q, K, V, PREV, PAD, A, OUT, M, L, sq_b, sq_h, sq_t, sk_b, sk_h, sk_
              so_b, so_h, so_t, H, T, S, D, scale, divisor, dropout_p, seed, offset, has_prev, has_pad, causal,
              skip_future, DOT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_D: tl.constexpr):
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    bh, pid_m = tl.program_id(0), tl.program_id(1)  # bsz * heads on axis 0: up to 2^31 - 1
     b, h = bh // H, bh % H
     SUM = A.dtype.element_ty
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -65,7 +72,9 @@ def _forward(Q, K, V, PREV, PAD, A, OUT, M, L, sq_b, sq_h, sq_t, sk_b, sk_h, sk_
     row_ok, dim_ok = rows < T, dims < D
     q = tl.load(Q + b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0).to(DOT)
-    tile = bh.to(tl.int64) * T * S + rows[:, None] * S  # this block's rows of A_n and A_{n-1}
+    head = bh.to(tl.int64) * T * S  # this head's A_n and A_{n-1}: 64-bit base pointers, 32-bit offsets in a tile
+    A, PREV = A + head, PREV + head
+    tile = rows[:, None] * S
     m_i = tl.full([BLOCK_M], float("-inf"), SUM)
     l_i = tl.zeros([BLOCK_M], SUM)
     acc = tl.zeros([BLOCK_M, BLOCK_D], SUM)
@@ -78,21 +87,20 @@ def _forward(Q, K, V, PREV, PAD, A, OUT, M, L, sq_b, sq_h, sq_t, sk_b, sk_h, sk_
         ok = row_ok[:, None] & col_ok[None, :]
         k = tl.load(K + b * sk_b + h * sk_h + cols[:, None] * sk_s + dims[None, :],
                     mask=col_ok[:, None] & dim_ok[None, :], other=0.0).to(DOT)
-        base = tl.zeros([BLOCK_M, BLOCK_N], SUM)
-        if has_prev:
-            base = tl.load(PREV + tile + cols[None, :], mask=ok, other=0.0)
+        # flag-guarded tiles: masked loads outside any `if` (async copies in the pipeline; no access when off)
+        base = tl.load(PREV + tile + cols[None, :], mask=ok & (has_prev != 0), other=0.0)
         a = _add_scores(q, k, scale, base, PRECISION)
         tl.store(A + tile + cols[None, :], a, mask=ok)
         logits = tl.where(_visible(rows, cols, col_ok, causal), a / divisor, float("-inf"))
-        if has_pad:
-            padded = tl.load(PAD + b * S + cols, mask=col_ok, other=0) != 0
-            logits = tl.where(padded[None, :], FILL, logits)
+        padded = tl.load(PAD + b * S + cols, mask=col_ok & (has_pad != 0), other=0) != 0
+        logits = tl.where(padded[None, :], FILL, logits)
         m_new = tl.maximum(m_i, tl.max(logits, 1))  # finite: every row sees key 0, real or padded
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(logits - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)  # the softmax's sum: before dropout
         if dropout_p > 0:
-            p = tl.where(_keep(bh, rows, cols, T, S, dropout_p, seed, offset), p / (1.0 - dropout_p), 0.0)
+            keep = _keep(bh, rows, start_n, S, dropout_p, seed, offset, BLOCK_M, BLOCK_N)
+            p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
         v = tl.load(V + b * sv_b + h * sv_h + cols[:, None] * sv_s + dims[None, :],
                     mask=col_ok[:, None] & dim_ok[None, :], other=0.0).to(DOT)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v, input_precision=PRECISION).to(SUM)
@@ -112,7 +120,7 @@ def _forward(Q, K, V, PREV, PAD, A, OUT, M, L, sq_b, sq_h, sq_t, sk_b, sk_h, sk_
 def _delta(OUT, DO, DELTA, so_b, so_h, so_t, sdo_b, sdo_h, sdo_t, H, T, D, BLOCK_M: tl.constexpr,
            BLOCK_D: tl.constexpr):
     """``Delta = rowsum(dO * out)`` (= rowsum(P * dP), dropout included), in the sum's dtype."""
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    bh, pid_m = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
@@ -131,7 +139,7 @@ def _backward_kv(Q, K, V, DO, ROOT, Q1, K1, GNEXT, PAD, M, L, DELTA, G, DK, DV, 
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """One block of keys: ``A_n`` rebuilt (``ROOT`` + ``Q1 K1^T`` if ``has_pair`` + ``Q K^T``, scaled),
     ``G_n`` of its column of tiles (written to ``G``), ``dk`` and ``dv``."""
-    pid_n, bh = tl.program_id(0), tl.program_id(1)
+    bh, pid_n = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     SUM = G.dtype.element_ty
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -140,36 +148,34 @@ def _backward_kv(Q, K, V, DO, ROOT, Q1, K1, GNEXT, PAD, M, L, DELTA, G, DK, DV, 
     kv_ok = col_ok[:, None] & dim_ok[None, :]
     k_at = b * sk_b + h * sk_h + cols[:, None] * sk_s + dims[None, :]
     k = tl.load(K + k_at, mask=kv_ok, other=0.0).to(DOT)
-    k1 = k
-    if has_pair:
-        k1 = tl.load(K1 + k_at, mask=kv_ok, other=0.0).to(DOT)
+    k1 = tl.load(K1 + k_at, mask=kv_ok & (has_pair != 0), other=0.0).to(DOT)
     v = tl.load(V + b * sv_b + h * sv_h + cols[:, None] * sv_s + dims[None, :], mask=kv_ok, other=0.0).to(DOT)
-    real = cols >= 0
-    if has_pad:
-        real = tl.load(PAD + b * S + cols, mask=col_ok, other=0) == 0
+    real = tl.load(PAD + b * S + cols, mask=col_ok & (has_pad != 0), other=0) == 0
     dk = tl.zeros([BLOCK_N, BLOCK_D], SUM)
     dv = tl.zeros([BLOCK_N, BLOCK_D], SUM)
-    base_bh = bh.to(tl.int64) * T * S
+    head = bh.to(tl.int64) * T * S  # 64-bit base pointers, 32-bit offsets in a tile
+    G, ROOT, GNEXT = G + head, ROOT + head, GNEXT + head
     lo = pid_n * 0  # a tensor, so that a runtime `if` may change it (a Python int would not be)
     if skip_future:  # query blocks before lo: the forward's zero blocks, no gradient
         lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
     for start_m in range(0, lo, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
-        tl.store(G + base_bh + rows[:, None] * S + cols[None, :], tl.zeros([BLOCK_M, BLOCK_N], SUM),
+        tl.store(G + rows[:, None] * S + cols[None, :], tl.zeros([BLOCK_M, BLOCK_N], SUM),
                  mask=(rows < T)[:, None] & col_ok[None, :])
     for start_m in range(lo, T, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
         row_ok = rows < T
         ok = row_ok[:, None] & col_ok[None, :]
-        at = base_bh + rows[:, None] * S + cols[None, :]
+        at = rows[:, None] * S + cols[None, :]
         qd_ok = row_ok[:, None] & dim_ok[None, :]
         q_at = b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :]
         q = tl.load(Q + q_at, mask=qd_ok, other=0.0).to(DOT)
-        a = tl.zeros([BLOCK_M, BLOCK_N], SUM)
-        if has_root:
-            a = tl.load(ROOT + at, mask=ok, other=0.0)
+        # flag-guarded tiles: masked loads outside any `if` (async copies in the pipeline; no access when off)
+        a = tl.load(ROOT + at, mask=ok & (has_root != 0), other=0.0)
+        q1 = tl.load(Q1 + q_at, mask=qd_ok & (has_pair != 0), other=0.0)
+        g_next = tl.load(GNEXT + at, mask=ok & (has_gnext != 0), other=0.0)
         if has_pair:
-            a = _add_scores(tl.load(Q1 + q_at, mask=qd_ok, other=0.0).to(DOT), k1, scale, a, PRECISION)
+            a = _add_scores(q1.to(DOT), k1, scale, a, PRECISION)
         a = _add_scores(q, k, scale, a, PRECISION)
         do = tl.load(DO + b * sdo_b + h * sdo_h + rows[:, None] * sdo_t + dims[None, :], mask=qd_ok,
                      other=0.0).to(DOT)
@@ -183,13 +189,12 @@ def _backward_kv(Q, K, V, DO, ROOT, Q1, K1, GNEXT, PAD, M, L, DELTA, G, DK, DV, 
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION).to(SUM)
         p_kept = p
         if dropout_p > 0:
-            keep = _keep(bh, rows, cols, T, S, dropout_p, seed, offset)
+            keep = _keep(bh, rows, pid_n * BLOCK_N, S, dropout_p, seed, offset, BLOCK_M, BLOCK_N)
             p_kept = tl.where(keep, p / (1.0 - dropout_p), 0.0)
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         dv += tl.dot(tl.trans(p_kept).to(DOT), do, input_precision=PRECISION).to(SUM)
         g = tl.where(visible & real[None, :], p * (dp - delta[:, None]) / divisor, 0.0)
-        if has_gnext:
-            g += tl.load(GNEXT + at, mask=ok, other=0.0)
+        g += g_next
         tl.store(G + at, g, mask=ok)
         dk += tl.dot(tl.trans(g).to(DOT), q, input_precision=PRECISION).to(SUM)
     tl.store(DK + b * sdk_b + h * sdk_h + cols[:, None] * sdk_s + dims[None, :], (dk * scale).to(DK.dtype.element_ty),
@@ -203,12 +208,13 @@ def _backward_q(G, K, DQ, sk_b, sk_h, sk_s, sdq_b, sdq_h, sdq_t, H, T, S, D, sca
                 DOT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr):
     """One block of queries: ``dq = G_n k scale``, from the ``G_n`` that ``_backward_kv`` wrote."""
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    bh, pid_m = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
     row_ok, dim_ok = rows < T, dims < D
-    tile = bh.to(tl.int64) * T * S + rows[:, None] * S
+    G = G + bh.to(tl.int64) * T * S
+    tile = rows[:, None] * S
     dq = tl.zeros([BLOCK_M, BLOCK_D], G.dtype.element_ty)
     hi = S
     if skip_future:  # G_n is zero in the blocks wholly above the diagonal
@@ -227,11 +233,11 @@ def _backward_q(G, K, DQ, sk_b, sk_h, sk_s, sdq_b, sdq_h, sdq_t, H, T, S, D, sca
 @_jit
 def _keep_mask(OUT, T, S, dropout_p, seed, offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The keep mask ``_forward`` and ``_backward_kv`` use, written out (for tests)."""
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    bh, pid_m = tl.program_id(0), tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     for start_n in range(0, S, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        keep = _keep(bh, rows, cols, T, S, dropout_p, seed, offset)
+        keep = _keep(bh, rows, start_n, S, dropout_p, seed, offset, BLOCK_M, BLOCK_N)
         tl.store(OUT + (bh.to(tl.int64) * T + rows[:, None]) * S + cols[None, :], keep.to(tl.int8),
                  mask=(rows < T)[:, None] & (cols < S)[None, :])
 
@@ -246,18 +252,41 @@ _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.floa
               torch.float64: tl.float64}
 
 
-def _settings(x: torch.Tensor, head_dim: int):
-    """Constexprs and launch options for inputs like ``x``."""
+def block_config(dtype: torch.dtype, head_dim: int, capability=None, backward_kv: bool = False):
+    """``(constexprs, launch options)`` of ``_forward`` and ``_backward_q`` (``backward_kv``: of
+    ``_backward_kv`` and ``_delta``) for inputs of ``dtype`` and ``head_dim`` on a GPU of compute
+    ``capability`` (``(major, minor)``; None: Triton's interpreter), chosen from the compiled kernels'
+    spills and shared memory (docs/performance.md#compiled-for-gpus-on-the-cpu)."""
     block_d = max(16, 1 << (head_dim - 1).bit_length())  # tl.dot needs 16 at least; extra columns masked
     # Triton 3.6's interpreter multiplies bfloat16 as raw integers: there the dots run in float32
-    dot = tl.float32 if INTERPRETED and x.dtype == torch.bfloat16 else _TL_DTYPES[x.dtype]
-    precision = "ieee" if x.dtype in (torch.float32, torch.float64) else "tf32"  # tf32: ignored for half inputs
-    # BLOCK_M == BLOCK_N: the blocks skipped above the diagonal assume it
-    if INTERPRETED or x.device.type != "cuda":  # small blocks: several per test length, interpreted quickly
+    dot = tl.float32 if INTERPRETED and dtype == torch.bfloat16 else _TL_DTYPES[dtype]
+    precision = "ieee" if dtype in (torch.float32, torch.float64) else "tf32"  # tf32: ignored for half inputs
+    warps = 4 if block_d <= 64 else 8
+    if capability is None:  # small blocks: several per test length, interpreted quickly
         return dict(DOT=dot, PRECISION=precision, BLOCK_D=block_d, BLOCK_M=16, BLOCK_N=16), {}
-    block = 32 if block_d > 64 and x.element_size() == 4 else 64  # fp32, d 128 at 64: 197 KB of shared memory
-    return (dict(DOT=dot, PRECISION=precision, BLOCK_D=block_d, BLOCK_M=block, BLOCK_N=block),
-            dict(num_warps=4 if block_d <= 64 else 8, num_stages=2))
+    if dtype.itemsize >= 4:  # float32 (auto runs bias there), no tensor cores: 32 x 32 (at 64, spills and up to
+        # 197 KB of shared memory); _backward_kv unpipelined on 8 warps (sm_86: 112 KB at d = 128 pipelined)
+        return (dict(DOT=dot, PRECISION=precision, BLOCK_D=block_d, BLOCK_M=32, BLOCK_N=32),
+                dict(num_warps=8, num_stages=1) if backward_kv else dict(num_warps=warps, num_stages=2))
+    if not backward_kv:  # 64 x 64 (BLOCK_M == BLOCK_N: the forward's zero blocks above the diagonal assume it)
+        return (dict(DOT=dot, PRECISION=precision, BLOCK_D=block_d, BLOCK_M=64, BLOCK_N=64),
+                dict(num_warps=warps, num_stages=2))
+    # _backward_kv spills at 64 x 64 (and 64 x 32 on sm_90): 32 x 32 (sm_80, sm_86); on sm_90 64 query rows,
+    # which rebuild A_n with the forward's warpgroup MMA (wgmma, M = 64), by 16 keys
+    rows, cols = (64, 16) if tuple(capability) >= (9, 0) else (32, 32)
+    return (dict(DOT=dot, PRECISION=precision, BLOCK_D=block_d, BLOCK_M=rows, BLOCK_N=cols),
+            dict(num_warps=warps, num_stages=2))
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device):
+    return torch.cuda.get_device_capability(device)
+
+
+def _settings(x: torch.Tensor, head_dim: int, backward_kv: bool = False):
+    """Constexprs and launch options for inputs like ``x``."""
+    interpreted = INTERPRETED or x.device.type != "cuda"
+    return block_config(x.dtype, head_dim, None if interpreted else _capability(x.device), backward_kv)
 
 
 def philox_seed_offset(device: torch.device, count: int):
@@ -304,6 +333,44 @@ def _no_pad(device):
     return torch.zeros(1, dtype=torch.uint8, device=device)
 
 
+def _launch_forward(q, k, v, prev, padding, a, out, m, l, causal, skip_future, divisor, scale, dropout_p, seed,  # noqa: E741
+                    offset):
+    bsz, heads, tgt_len, head_dim = q.shape
+    consts, options = _settings(q, head_dim)
+    with _interpreter_fix():
+        _forward[(bsz * heads, triton.cdiv(tgt_len, consts["BLOCK_M"]))](
+            q, k, v, a if prev is None else prev, _no_pad(q.device) if padding is None else padding, a, out, m, l,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+            heads, tgt_len, k.size(2), head_dim, scale, divisor, dropout_p, seed, offset, int(prev is not None),
+            int(padding is not None), int(causal), int(skip_future), **consts, **options)
+
+
+def _launch_backward(q, k, v, out, dout, m, l, delta, g, dq, dk, dv, root, q1, k1, gnext, padding, causal,  # noqa: E741
+                     skip_future, divisor, scale, dropout_p, seed, offset):
+    bsz, heads, tgt_len, head_dim = q.shape
+    src_len = k.size(2)
+    consts, options = _settings(q, head_dim, backward_kv=True)
+    with _interpreter_fix():
+        _delta[(bsz * heads, triton.cdiv(tgt_len, consts["BLOCK_M"]))](
+            out, dout, delta, *out.stride()[:3], *dout.stride()[:3], heads, tgt_len, head_dim,
+            BLOCK_M=consts["BLOCK_M"], BLOCK_D=consts["BLOCK_D"])
+        _backward_kv[(bsz * heads, triton.cdiv(src_len, consts["BLOCK_N"]))](
+            q, k, v, dout, g if root is None else root, q if q1 is None else q1, k if k1 is None else k1,
+            g if gnext is None else gnext, _no_pad(q.device) if padding is None else padding,
+            m, l, delta, g, dk, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3],
+            *dk.stride()[:3], *dv.stride()[:3], heads, tgt_len, src_len, head_dim, scale, divisor, dropout_p,
+            seed, offset, int(root is not None), int(q1 is not None), int(gnext is not None),
+            int(padding is not None), int(causal), int(skip_future), **consts, **options)
+        consts, options = _settings(q, head_dim)
+        _backward_q[(bsz * heads, triton.cdiv(tgt_len, consts["BLOCK_M"]))](
+            g, k, dq, *k.stride()[:3], *dq.stride()[:3], heads, tgt_len, src_len, head_dim, scale, int(skip_future),
+            **consts, **options)
+
+
+def _sums(q, *shape):
+    return torch.empty(*shape, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32, device=q.device)
+
+
 class ResidualAttention(torch.autograd.Function):
     """``(out, A_n) = f(q, k, v, A_{n-1}, padding)``; ``root``, ``q1``, ``k1``: what backward
     rebuilds ``A_n`` from."""
@@ -312,19 +379,12 @@ class ResidualAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, prev, padding, root, q1, k1, causal, skip_future, divisor, scale, dropout_p):
         bsz, heads, tgt_len, head_dim = q.shape
         src_len = k.size(2)
-        sum_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        a = torch.empty(bsz, heads, tgt_len, src_len, dtype=sum_dtype, device=q.device)
+        a, m, l = _sums(q, bsz, heads, tgt_len, src_len), _sums(q, bsz, heads, tgt_len), _sums(q, bsz, heads, tgt_len)  # noqa: E741
         out = torch.empty(tgt_len, bsz, heads, head_dim, dtype=q.dtype, device=q.device).permute(1, 2, 0, 3)
-        m = torch.empty(bsz, heads, tgt_len, dtype=sum_dtype, device=q.device)
-        l = torch.empty_like(m)  # noqa: E741
-        seed, offset = philox_seed_offset(q.device, a.numel()) if dropout_p > 0 else (HIGH, HIGH)
-        consts, options = _settings(q, head_dim)
-        with _interpreter_fix():
-            _forward[(triton.cdiv(tgt_len, consts["BLOCK_M"]), bsz * heads)](
-                q, k, v, a if prev is None else prev, _no_pad(q.device) if padding is None else padding, a, out, m, l,
-                *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-                heads, tgt_len, src_len, head_dim, scale, divisor, dropout_p, seed, offset, int(prev is not None),
-                int(padding is not None), int(causal), int(skip_future), **consts, **options)
+        draws = bsz * heads * tgt_len * triton.cdiv(src_len, 4)  # Philox calls
+        seed, offset = philox_seed_offset(q.device, draws) if dropout_p > 0 else (HIGH, HIGH)
+        _launch_forward(q, k, v, prev, padding, a, out, m, l, causal, skip_future, divisor, scale, dropout_p, seed,
+                        offset)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, m, l, padding, root, q1, k1)
         ctx.settings = (None if prev is None else prev.dtype, causal, skip_future, divisor, scale, dropout_p, seed,
@@ -335,33 +395,53 @@ class ResidualAttention(torch.autograd.Function):
     def backward(ctx, dout, da):
         q, k, v, out, m, l, padding, root, q1, k1 = ctx.saved_tensors  # noqa: E741
         prev_dtype, causal, skip_future, divisor, scale, dropout_p, seed, offset = ctx.settings
-        bsz, heads, tgt_len, head_dim = q.shape
-        src_len = k.size(2)
         dout = torch.zeros_like(out) if dout is None else _rows(dout)
-        consts, options = _settings(q, head_dim)
-        delta = torch.empty_like(m)
         if da is not None:
             da = da.to(m.dtype).contiguous()
         # G_n overwrites G_{n+1} where this kernel's backward made it (it passes it to no one else)
-        g = da if getattr(da, "_triton_g", False) else torch.empty(bsz, heads, tgt_len, src_len, dtype=m.dtype,
-                                                                   device=q.device)
+        g = da if getattr(da, "_triton_g", False) else _sums(q, *q.shape[:3], k.size(2))
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        rows_grid = (triton.cdiv(tgt_len, consts["BLOCK_M"]), bsz * heads)
-        with _interpreter_fix():
-            _delta[rows_grid](out, dout, delta, *out.stride()[:3], *dout.stride()[:3], heads, tgt_len, head_dim,
-                              BLOCK_M=consts["BLOCK_M"], BLOCK_D=consts["BLOCK_D"])
-            _backward_kv[(triton.cdiv(src_len, consts["BLOCK_N"]), bsz * heads)](
-                q, k, v, dout, g if root is None else root, q if q1 is None else q1, k if k1 is None else k1,
-                g if da is None else da, _no_pad(q.device) if padding is None else padding,
-                m, l, delta, g, dk, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3],
-                *dk.stride()[:3], *dv.stride()[:3], heads, tgt_len, src_len, head_dim, scale, divisor, dropout_p,
-                seed, offset, int(root is not None), int(q1 is not None), int(da is not None),
-                int(padding is not None), int(causal), int(skip_future), **consts, **options)
-            _backward_q[rows_grid](g, k, dq, *k.stride()[:3], *dq.stride()[:3], heads, tgt_len, src_len, head_dim,
-                                   scale, int(skip_future), **consts, **options)
+        _launch_backward(q, k, v, out, dout, m, l, torch.empty_like(m), g, dq, dk, dv, root, q1, k1, da, padding,
+                         causal, skip_future, divisor, scale, dropout_p, seed, offset)
         g._triton_g = True
         dprev = None if prev_dtype is None else g.to(prev_dtype)
         return (dq, dk, dv, dprev) + (None,) * 9
+
+
+def _padding(key_padding_mask):
+    return None if key_padding_mask is None else key_padding_mask.to(torch.bool).contiguous().view(torch.uint8)
+
+
+_PROBED = set()  # what probe() compiled and launched: (device, dtype, head dim, heads, specialization, flags)
+
+
+def probe(q, k, v, prev=None, key_padding_mask=None, *, causal=False, skip_future=False, divisor=1.0, scale=1.0,
+          dropout_p=0.0):
+    """Compile and launch the forward and the three backward kernels once, on the first few rows of
+    this call's own ``q``, ``k``, ``v`` (their strides and alignment: the variants its launches
+    compile), with its flags and every flag of backward on, and wait for them; raises what Triton
+    raises. Once per device, dtype, head dim, heads, specialization and set of flags."""
+    q, k, v = _rows(q), _rows(k), _rows(v)
+    flags = (prev is not None, key_padding_mask is not None, bool(causal), bool(causal and skip_future), dropout_p > 0)
+    spec = tuple((t.data_ptr() % 16 == 0,) + tuple(s % 16 == 0 for s in t.stride()[:3]) for t in (q, k, v))
+    key = (q.device, q.dtype, q.size(3), q.size(1), spec, flags)
+    if key in _PROBED:
+        return
+    bsz, heads, _, head_dim = q.shape
+    t, s = min(q.size(2), 4), min(k.size(2), 4)
+    q, k, v = q[:, :, :t], k[:, :, :s], v[:, :, :s]  # dense slices: the same strides
+    a, m, l = _sums(q, bsz, heads, t, s).zero_(), _sums(q, bsz, heads, t), _sums(q, bsz, heads, t)  # noqa: E741
+    out = torch.zeros(t, bsz, heads, head_dim, dtype=q.dtype, device=q.device).permute(1, 2, 0, 3)
+    padding = _padding(None if key_padding_mask is None else key_padding_mask[:, :s])
+    with torch.no_grad():
+        _launch_forward(q, k, v, a.clone() if prev is not None else None, padding, a, out, m, l, causal,
+                        flags[3], divisor, scale, dropout_p, HIGH, HIGH)
+        _launch_backward(q, k, v, out, torch.zeros_like(out), m, l, torch.empty_like(m), torch.empty_like(a),
+                         torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), a, q, k, a.clone(), padding,
+                         causal, flags[3], divisor, scale, dropout_p, HIGH, HIGH)
+    if q.device.type == "cuda":
+        torch.cuda.synchronize(q.device)  # a failed launch says so here
+    _PROBED.add(key)
 
 
 def residual_attention(q, k, v, prev=None, key_padding_mask=None, *, chain=None, causal=False, skip_future=False,
@@ -373,9 +453,7 @@ def residual_attention(q, k, v, prev=None, key_padding_mask=None, *, chain=None,
     None; ``key_padding_mask``: ``[B, S]``, True at padding; ``causal``: query ``i`` sees keys
     ``j <= i`` only; ``skip_future``: causal, and no row sees only padded keys."""
     q, k, v = _rows(q), _rows(k), _rows(v)
-    padding = None
-    if key_padding_mask is not None:
-        padding = key_padding_mask.to(torch.bool).contiguous().view(torch.uint8)
+    padding = _padding(key_padding_mask)
     if prev is not None:
         prev = prev.to(torch.float64 if q.dtype == torch.float64 else torch.float32).contiguous()
     root, pairs = prev, ()
@@ -395,6 +473,6 @@ def keep_mask(shape, dropout_p: float, seed: int, offset: int, device="cpu") -> 
     bsz, heads, tgt_len, src_len = shape
     out = torch.empty(shape, dtype=torch.int8, device=device)
     with _interpreter_fix():
-        _keep_mask[(triton.cdiv(tgt_len, 16), bsz * heads)](out, tgt_len, src_len, float(dropout_p), seed, offset,
+        _keep_mask[(bsz * heads, triton.cdiv(tgt_len, 16))](out, tgt_len, src_len, float(dropout_p), seed, offset,
                                                               BLOCK_M=16, BLOCK_N=16)
     return out.bool()

@@ -36,6 +36,14 @@ def _capability(index: int):
     return torch.cuda.get_device_capability(index)
 
 
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False with a CPU build of torch)."""
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except RuntimeError:  # a CPU build: no CUDA graphs
+        return False
+
+
 def unsupported(device: torch.device, dtype: Optional[torch.dtype] = None,
                 head_dim: Optional[int] = None) -> Optional[str]:
     """Why the ``triton`` kernel cannot run a call (None: it can); ``dtype``/``head_dim`` None: not checked."""
@@ -52,6 +60,9 @@ def unsupported(device: torch.device, dtype: Optional[torch.dtype] = None,
         index = device.index if device.index is not None else torch.cuda.current_device()
         if not interpreted() and _capability(index) < (8, 0):
             return "a GPU of compute capability 8.0 or newer is needed"
+        if capturing():
+            return ("a CUDA graph is being captured (the dropout's Philox seed and offset, read from torch's "
+                    "generator, and the first call's compile check cannot run during capture)")
     else:
         return f"no Triton kernel for {device.type} tensors"
     if dtype is not None and dtype not in DTYPES:
@@ -68,6 +79,16 @@ def note_fallback(notes, reason: str, kernel: str) -> None:
                   "'%s' (said once per model)", reason, kernel, log=logger)
 
 
+class TritonFailed(Exception):
+    """Triton failed to compile or launch a kernel under ``auto`` (the error is ``__cause__``)."""
+
+
+def failure_line(error: BaseException) -> str:
+    """``"Type: first line of the message"``, at most 300 characters: how a failure is said in one line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
 class TritonKernel:
     """The ``triton`` kernel, a part of :class:`ResidualMultiheadAttention`; it hands on the float32
     ``A_n``, as ``materialized`` does, so any kernel can follow it on a path."""
@@ -80,8 +101,6 @@ class TritonKernel:
             note_fallback(self.notes, "an attention mask other than fairseq's causal mask", "materialized")
             return self._materialized_forward(query, key, value, key_padding_mask, None, False, False,
                                               attn_mask, False, prev_state)
-        from .triton import residual_attention
-
         q, k, v = self._project(query, key, value, scaled=False)  # [B, H, T|S, d]; the kernel scales
         prev, terms = None, 1
         if prev_state is not None:
@@ -93,7 +112,17 @@ class TritonKernel:
             terms += prev_state.terms
         # the causal kernel skips what lies above the diagonal unless a row sees only padded keys
         skip_future = causal and (key_padding_mask is None or facts.dead_rows is None)
-        out, scores, rebuild = residual_attention(
-            q, k, v, prev, key_padding_mask, chain=None if prev_state is None else prev_state.rebuild, causal=causal,
-            skip_future=skip_future, divisor=self._divisor(terms), scale=self.scaling, dropout_p=self._dropout_p())
+        run = dict(causal=causal, skip_future=skip_future, divisor=self._divisor(terms), scale=self.scaling,
+                   dropout_p=self._dropout_p())
+        try:  # under auto, whatever Triton raises here (compiling, launching; forward or backward) is a fallback
+            from . import triton as kernels
+
+            if self.kernel == "auto":  # the backward kernels too, before the first real call of these flags
+                kernels.probe(q, k, v, prev, key_padding_mask, **run)
+            out, scores, rebuild = kernels.residual_attention(
+                q, k, v, prev, key_padding_mask, chain=None if prev_state is None else prev_state.rebuild, **run)
+        except Exception as error:
+            if self.kernel != "auto":
+                raise
+            raise TritonFailed(error) from error
         return self._project_out(out, tgt_len, bsz), None, ResidualState(scores=scores, terms=terms, rebuild=rebuild)
