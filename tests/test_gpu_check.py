@@ -1,6 +1,7 @@
-"""The GPU device run: its dry run on the CPU through the committed device script; the CUDA
-rule from GPU-bound rows only (the H200 rows pick ``triton``); exactness judged with float64's
-ReLU masks forced; the targets; two ranks stopped as they should be."""
+"""The GPU device run: its dry run on the CPU through the committed device script (every section
+reached on a clock that counts the real deadlines, four files under $OUT); the CUDA rule from
+GPU-bound rows only (the H200 rows pick ``triton``); exactness judged with float64's ReLU masks
+forced; the targets; two ranks stopped as they should be."""
 
 import json
 import math
@@ -8,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from conftest import REPO, cli_env
 from realformer_tools.experiments import exactness, gpu_check
 from realformer_tools.experiments.benchmark import GPU_BOUND
 from realformer_tools.experiments.gpu_check import rule, sections, training
+from realformer_tools.experiments.gpu_check.settings import REAL
 
 TOY = dict(layers=2, embed=16, heads=4, vocab=30, batch=3, src_len=8, tgt_len=6)
 
@@ -40,41 +43,57 @@ def dry_run(tmp_path_factory):
     return out, proc
 
 
+def sections_of(out):
+    return json.loads((out / "gpu_check.json").read_text())["sections"]
+
+
 @pytest.mark.slow  # the dry run trains (fairseq-train, two DDP ranks)
-def test_the_device_script_dry_run_runs_every_section_in_priority_order(dry_run):
+def test_the_device_script_dry_run_reaches_every_section_on_the_real_deadlines_and_leaves_four_files(dry_run):
+    """Every section runs, ddp and the tests included, on a budget clock that charged each section
+    before it its real (GPU) deadline; $OUT holds the four files a device call brings back."""
     out, proc = dry_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    names = {p.name for p in out.iterdir()}
-    assert {f"{s}.json" for s in gpu_check.SECTIONS} | {"summary.md", "speed_1.json", "steps.txt", "env.txt",
-                                                        "gpu_check.log", "logs.tgz"} <= names
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "logs.tgz", "steps.txt", "summary.md"]
     summary = (out / "summary.md").read_text()
     assert summary.startswith("# GPU device run (dry run")
     rows = [line.split(" | ")[0].strip("| ") for line in summary.splitlines()
             if line.split(" | ")[0].strip("| ") in gpu_check.SECTIONS]
-    assert rows[:5] == list(gpu_check.SECTIONS)
-    status = {s: json.loads((out / f"{s}.json").read_text())["status"] for s in gpu_check.SECTIONS}
-    # judged where the CPU can judge; the CUDA tests only collected, the speed of tiny models reported
-    assert status == dict(tests="skipped", speed="reported", exactness="passed", train="passed", ddp="passed")
-    for name in gpu_check.SECTIONS:
-        found = [s for s in strings(json.loads((out / f"{name}.json").read_text()))
-                 if s.startswith("/") or sys.executable in s]
-        assert not found, (name, found[:3])
+    assert rows[:5] == list(gpu_check.SECTIONS) == ["speed", "exactness", "train", "ddp", "tests"]
+    records = sections_of(out)
+    # judged where the CPU can judge; the speed of tiny models reported, the CUDA tests only collected
+    assert {s: r["status"] for s, r in records.items()} == dict(speed="reported", exactness="passed", train="passed",
+                                                                 ddp="passed", tests="skipped")
+    clocks = [records[s]["budget_clock"] for s in gpu_check.SECTIONS]
+    assert all(c["what"] == "the real deadlines counted" for c in clocks)
+    assert [c["start"] for c in clocks] == [sum(REAL.deadlines[s] for s in gpu_check.SECTIONS[:i])
+                                            for i in range(len(gpu_check.SECTIONS))]
+    assert clocks[-1]["end"] <= clocks[-1]["budget"] <= 570 - 60 - 15 + 1  # the device script's budget, set-up counted
+    assert not [s for s in strings(records) if s.startswith("/") or sys.executable in s]
+    with tarfile.open(out / "logs.tgz") as tar:
+        names = tar.getnames()
+    assert {"./env.txt", "./gpu_check.log", "./speed_1.json", "./speed_2.json"} <= set(names)
+    assert not [n for n in names if n.endswith(".pt")]
 
 
 @pytest.mark.slow
-def test_the_dry_run_measures_rows_with_tokens_and_a_first_pass_and_judges_exactness_forced(dry_run):
+def test_the_dry_run_measures_padded_rows_trains_in_bf16_and_judges_exactness_forced(dry_run):
     out, _ = dry_run
-    speed = json.loads((out / "speed_1.json").read_text())
-    assert {(c["tokens_per_batch"], c["length"], c["dtype"]) for c in speed["configs"]} == {
-        (64, 8, "float32"), (64, 8, "bfloat16")}
-    assert speed["first_pass"] and set(speed["first_pass"][0]["seconds"]) == {"vanilla", "materialized", "bias"}
-    exact = json.loads((out / "exactness.json").read_text())["checks"]
+    work = out.parent / "work"
+    speed = [json.loads((work / f"speed_{i}.json").read_text()) for i in (1, 2)]
+    assert {(c["tokens_per_batch"], c["length"], c["dtype"], c["padded"]) for c in speed[0]["configs"]} == {
+        (64, 8, "float32", False), (64, 8, "bfloat16", False)}
+    assert [(c["dtype"], c["padded"]) for c in speed[1]["configs"]] == [("bfloat16", True)]
+    records = sections_of(out)
+    exact = records["exactness"]["checks"]
     judged = [c for c in exact if c.get("kernel") == "bias" and "limit_output" in c]
     assert len(judged) == 4 and all(c["status"] == "passed" for c in judged)
     assert all(c["forced"] == (c["activation"] == "relu") for c in judged)
-    train = json.loads((out / "train.json").read_text())["checks"]
-    assert {c["name"] for c in train if "train_losses" in c} == {"fp32/vanilla", "fp32/bias"}
-    (ranks,) = json.loads((out / "ddp.json").read_text())["checks"]
+    train = records["train"]["checks"]
+    runs = {c["name"]: c for c in train if "train_losses" in c}
+    assert set(runs) == {"fp32/vanilla", "fp32/bias", "bf16/vanilla", "bf16/bias"}
+    assert runs["bf16/bias"]["command"].endswith("--bf16 --cpu") and "--bf16-decoding" not in runs["bf16/bias"][
+        "command"]  # --bf16 through the launcher, no other flag
+    (ranks,) = records["ddp"]["checks"]
     assert ranks["parameters_equal"] is True and ranks["devices"] == 2
 
 
@@ -86,6 +105,29 @@ def test_a_second_call_keeps_the_sections_the_first_finished(dry_run, capsys):
     err = capsys.readouterr().err
     assert all(f"{s}: done in an earlier call" in err for s in gpu_check.SECTIONS)
     assert {p.name: p.stat().st_mtime_ns for p in (out.parent / "work" / "sections").iterdir()} == before
+
+
+def test_the_real_deadlines_fit_the_budget_and_a_schedule_that_does_not_fit_stops_the_dry_run(tmp_path,
+                                                                                             monkeypatch):
+    """On the GPU every section is reached even if each one runs to its deadline; a deadline made
+    longer than the budget allows leaves the last section unreached in the dry run, which counts
+    the real deadlines (the sections themselves stubbed here)."""
+    from realformer_tools.experiments.gpu_check import device_run, settings
+
+    assert sum(REAL.deadlines.values()) <= settings.BUDGET_SECONDS
+    assert settings.BUDGET_SECONDS == 570 - settings.SETUP_SECONDS - 15  # scripts/gpu_device_run.sh's budget
+    ran = []
+    monkeypatch.setattr(device_run, "RUNNERS", {s: (lambda run, deadline, s=s: ran.append(s) or [
+        gpu_check.check(s, "passed")]) for s in gpu_check.SECTIONS})
+    run = gpu_check.DeviceRun(tmp_path / "out", tmp_path / "work", dry_run=True, log=lambda m: None)
+    records = run.run(budget=settings.BUDGET_SECONDS)
+    assert ran == list(gpu_check.SECTIONS) and all(r["status"] == "passed" for r in records.values())
+    monkeypatch.setitem(REAL.deadlines, "train", REAL.deadlines["train"] + settings.BUDGET_SECONDS)
+    ran.clear()
+    records = gpu_check.DeviceRun(tmp_path / "out2", tmp_path / "work2", dry_run=True, log=lambda m: None).run(
+        budget=settings.BUDGET_SECONDS)
+    assert ran == ["speed", "exactness"]
+    assert records["ddp"]["status"] == "failed" and "the budget was spent" in records["ddp"]["checks"][0]["reason"]
 
 
 def test_without_cuda_the_real_run_says_how_to_run(tmp_path, capsys):

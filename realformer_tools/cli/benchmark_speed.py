@@ -36,7 +36,7 @@ CPU_DEFAULTS = dict(sizes=["iwslt", "base"], tokens=[4096], lengths=[32, 128, 51
                     alternations=5, decode_alternations=None)
 # what a second call must share with the JSON's rows for them to be kept
 SETTINGS = ("variants", "mode", "warmup", "alternations", "vocab", "beam", "decode_sentences", "decode_len",
-            "decode_alternations", "memory", "device")
+            "decode_alternations", "memory", "device", "padded")
 
 
 def parse_args(argv=None):
@@ -65,6 +65,9 @@ def parse_args(argv=None):
                         "for new shapes), first size and smallest --tokens, first dtype (default: 0, none)")
     p.add_argument("--vocab", type=int, default=8000, help="vocabulary size (default: %(default)s)")
     p.add_argument("--no-memory", action="store_true", help="skip peak memory (on CPU: a process per variant)")
+    p.add_argument("--padded", action="store_true",
+                   help="padded batches: sentence lengths from T/2 to T, sources left-padded, targets right-padded "
+                        "(as fairseq collates them; default: every sentence T tokens)")
     p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                    help="start no row after this many seconds (the rows left are listed as not run)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
@@ -133,7 +136,7 @@ def main(argv=None):
     common = dict(alternations=args.alternations, warmup=args.warmup, beam=args.beam,
                   decode_sentences=args.decode_sentences, decode_len=args.decode_len,
                   decode_alternations=args.decode_alternations, vocab=args.vocab, mode=args.mode, device=device,
-                  memory=not args.no_memory)
+                  memory=not args.no_memory, padded=args.padded)
     ran = benchmark.run_benchmark(
         args.sizes, args.tokens, args.lengths, [getattr(torch, d) for d in args.dtypes], variants,
         deadline=None if args.deadline is None else start + args.deadline,

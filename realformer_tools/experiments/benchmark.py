@@ -6,20 +6,16 @@ the variants are interleaved round by round (round r of every variant ran under 
 and each speed is reported as the median of its per-round ratios to ``vanilla``, with their
 range. Per row (size, tokens per batch, T, dtype):
 
-* train: forward + backward + Adam step on ``tokens // T`` sentences of ``T`` source and ``T``
-  target tokens, in training mode with the arch's own dropout (the big arch's attention dropout
-  0.1 included); each step timed with CUDA events on CUDA (``perf_counter`` on CPU), its wall
-  time beside;
+* train: forward + backward + Adam step on ``tokens // T`` sentences of ``T`` source and target
+  tokens (``padded``: half to all of ``T``), in training mode with the arch's own dropout (the big
+  arch's attention dropout 0.1 included); CUDA events per step on CUDA, its wall time beside;
 * host and GPU apart: for one step per variant, the time the GPU was busy (the union of the
-  device-kernel intervals ``torch.profiler`` records) over the median step time. A row where a
-  variant's GPU is busy less than :data:`GPU_BOUND` of its step is host-bound: its ratios
-  measure Python and launches, not kernels, and the report says it does not rank kernels;
-* memory: on CUDA ``torch.cuda.max_memory_allocated`` during a step, minus what was allocated
-  before it, plus the variant's parameters and Adam state (what a process training that
-  variant alone peaks at); on CPU the rise of a fresh process's peak RSS over a step; and the
-  bytes autograd saves for backward;
-* decode (``decode_alternations`` > 0): fairseq's ``SequenceGenerator`` beam search over
-  ``decode_sentences`` sources of length ``T``, sentences/s;
+  device-kernel intervals ``torch.profiler`` records) over the median step time. A row where a variant's
+  GPU is busy less than :data:`GPU_BOUND` of its step is host-bound: it does not rank kernels;
+* memory: on CUDA ``torch.cuda.max_memory_allocated`` during a step, minus what was allocated before it,
+  plus the variant's parameters and Adam state (a process training that variant alone); on CPU the rise
+  of a fresh process's peak RSS over a step; and the bytes autograd saves for backward;
+* decode (``decode_alternations`` > 0): beam search over ``decode_sentences`` sources of length ``T``;
 * first pass (:func:`first_pass`): one train step at each of many lengths not seen before,
   per variant: the compile cost a run pays when its batches bring new lengths.
 """
@@ -87,7 +83,8 @@ def build_model(size, variant, dictionary, mode="sum", device="cpu", dtype=torch
     return ARCH_MODEL_REGISTRY[arch].build_model(args, task).to(device=device, dtype=dtype)
 
 
-def random_batch(dictionary, bsz, src_len, tgt_len, device, seed=0):
+def random_batch(dictionary, bsz, src_len, tgt_len, device, seed=0, padded=False):
+    """``padded``: lengths from half to all of T, sources left-padded, targets right-padded (fairseq's)."""
     g = torch.Generator().manual_seed(seed)
     lo, hi = dictionary.nspecial, len(dictionary)
     src = torch.randint(lo, hi, (bsz, src_len), generator=g)
@@ -95,6 +92,11 @@ def random_batch(dictionary, bsz, src_len, tgt_len, device, seed=0):
     src[:, -1] = dictionary.eos()
     prev = torch.cat([torch.full((bsz, 1), dictionary.eos()), tgt[:, :-1]], dim=1)
     lengths = torch.full((bsz,), src_len)
+    if padded:
+        lengths = torch.randint((src_len + 1) // 2, src_len + 1, (bsz,), generator=g)
+        src[torch.arange(src_len) < (src_len - lengths)[:, None]] = dictionary.pad()
+        short = torch.arange(tgt_len) >= torch.randint((tgt_len + 1) // 2, tgt_len + 1, (bsz, 1), generator=g)
+        prev[short], tgt[short] = dictionary.pad(), dictionary.pad()
     return src.to(device), lengths.to(device), prev.to(device), tgt.to(device)
 
 
@@ -296,23 +298,40 @@ def per_round_ratios(config, variant, key="train_step_seconds_all"):
 
 
 def run_config(size, length, variants, *, tokens, alternations, warmup, beam=4, decode_sentences=8,
-               decode_len=None, vocab, mode, device, dtype, memory=True, decode_alternations=0, log=print):
-    """One row: every variant's train steps interleaved round by round, the GPU's busy share
-    of one step each, memory, and (``decode_alternations`` > 0) beam search."""
+               decode_len=None, vocab, mode, device, dtype, memory=True, decode_alternations=0, padded=False,
+               log=print):
+    """One row: every variant's train steps interleaved round by round, the GPU's busy share of one step each,
+    memory, and (``decode_alternations`` > 0) beam search. A variant that raises while built or trained (a
+    kernel that fails here, memory) leaves the row, its error kept in ``failed``; the others go on."""
     dictionary = make_dictionary(vocab)
     bsz = max(1, tokens // length)
-    models = {v: build_model(size, v, dictionary, mode, device, dtype).train() for v in variants}
+    models, optimizers, failed = {}, {}, {}
+
+    def fails(v, exc):  # any failure of one variant: said, the row goes on without it
+        failed[v] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+        log(f"  {v} failed, left out of the row: {failed[v]}")
+        models.pop(v, None), optimizers.pop(v, None)
+
+    for v in variants:
+        try:
+            models[v] = build_model(size, v, dictionary, mode, device, dtype).train()
+        except Exception as exc:  # noqa: BLE001
+            fails(v, exc)
     first = next(iter(models.values())).state_dict()
     for m in models.values():  # identical weights, whatever the arch function built
         m.load_state_dict(first)
-    optimizers = {v: adam(m) for v, m in models.items()}
-    batch = random_batch(dictionary, bsz, length, length, device)
-    name = f"  {size} {tokens} tokens T={length} {str(dtype).replace('torch.', '')}"
+    optimizers.update({v: adam(m) for v, m in models.items()})
+    batch = random_batch(dictionary, bsz, length, length, device, padded=padded)
+    name = f"  {size} {tokens} tokens T={length} {str(dtype).replace('torch.', '')}" + (" padded" if padded else "")
     train = {v: [] for v in variants}
     wall = {v: [] for v in variants}
     for r in range(warmup + alternations):
-        for v, model in models.items():
-            seconds, w = timed_step(model, optimizers[v], batch, device)
+        for v, model in list(models.items()):
+            try:
+                seconds, w = timed_step(model, optimizers[v], batch, device)
+            except Exception as exc:  # noqa: BLE001
+                fails(v, exc)
+                continue
             if r >= warmup:
                 train[v].append(seconds)
                 wall[v].append(w)
@@ -335,12 +354,14 @@ def run_config(size, length, variants, *, tokens, alternations, warmup, beam=4, 
                     decode[v].append(t)
             log(f"{name}: decode round {r + 1}/{1 + decode_alternations}")
     args = arch_args(size, variants[0], mode)[1]
-    del models, optimizers
+    variants = [v for v in variants if v in models]
+    models.clear()
+    optimizers.clear()
     if memory and not _cuda(device):
         peaks = {v: peak_memory_mb(size, v, vocab, bsz, length, mode, device, dtype) for v in variants}
     out = {"size": size, "length": length, "dtype": str(dtype).replace("torch.", ""), "tokens_per_batch": tokens,
            "batch_sentences": bsz, "train_tokens": bsz * length, "rounds": alternations,
-           "dropout": args.dropout, "attention_dropout": args.attention_dropout,
+           "dropout": args.dropout, "attention_dropout": args.attention_dropout, "padded": padded, "failed": failed,
            "timing": "CUDA events per step" if _cuda(device) else "perf_counter per step",
            "peak_memory": ("cuda max_memory_allocated, same process" if _cuda(device) else "process peak RSS rise")
            if memory else None, "decode_sentences": n_dec, "variants": {}}

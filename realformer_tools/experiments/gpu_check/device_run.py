@@ -1,7 +1,10 @@
 """``DeviceRun``: the sections in priority order, each within its own deadline and the whole
-within a budget; each section's record written as it ends (``<out>/<section>.json``, and
-``summary.md`` rewritten); a section finished in an earlier call with the same work folder is
-kept (a second call goes on where the first stopped). The command."""
+within a budget; each section's record written as it ends (``<out>/gpu_check.json`` holds them
+all, ``summary.md`` is rewritten; everything else goes to the work folder, which the device
+script packs into ``<out>/logs.tgz``); a section finished in an earlier call with the same work
+folder is kept (a second call goes on where the first stopped). The dry run counts the budget on
+a clock that charges each section its real deadline: a schedule that would not reach every
+section on the GPU does not reach it in the dry run either. The command."""
 
 import argparse
 import datetime
@@ -18,6 +21,8 @@ from .report import summary_markdown
 from .sections import speed_section, tests_section
 from .settings import BUDGET_SECONDS, DEFAULT_OUT, DRY, DRY_RUN_OUT, REAL, SECTIONS
 from .training import ddp_section, train_section
+
+RESULT = "gpu_check.json"  # with summary.md, the device script's logs.tgz and steps.txt: all of $OUT
 
 
 def exactness_section(run, deadline):
@@ -53,8 +58,9 @@ class DeviceRun:
         return fairseq_runs.with_data_fixes(fairseq_runs.cli_env(threads or max(1, (os.cpu_count() or 1) // jobs)))
 
     def copy_out(self, path, name):
-        if os.path.abspath(path) != os.path.abspath(os.path.join(self.out, name)):
-            shutil.copyfile(path, os.path.join(self.out, name))
+        """Keep ``path`` as ``name`` in the work folder (packed into the device script's logs.tgz)."""
+        if os.path.abspath(path) != os.path.abspath(os.path.join(self.work, name)):
+            shutil.copyfile(path, os.path.join(self.work, name))
 
     def ensure_data(self):
         """The demo corpus (``make demo``'s, ``data-bin/demo_en_de``; the dry run's is tiny), once."""
@@ -77,7 +83,7 @@ class DeviceRun:
         return f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}"
 
     def run(self, sections=SECTIONS, budget=BUDGET_SECONDS, command=""):
-        start = time.time()
+        clock = BudgetClock(budget, REAL.deadlines if self.dry_run else None)
         records = {}
         for name in [s for s in SECTIONS if s in sections]:
             kept = os.path.join(self.work, "sections", f"{name}.json")
@@ -85,26 +91,56 @@ class DeviceRun:
             if record is not None and record.get("dry_run") == self.dry_run:
                 self.log(f"{name}: done in an earlier call ({record['status']}), kept ({kept}; --force runs it again)")
             else:
-                deadline = min(time.time() + self.sizes.deadlines[name], start + budget)
-                self.log(f"{name}: running (deadline in {deadline - time.time():.0f}s)")
+                started, room = clock.used(), clock.room(name)
+                deadline = time.time() + min(self.sizes.deadlines[name], room)
+                self.log(f"{name}: running (deadline in {deadline - time.time():.0f}s; budget clock {started:.0f}s "
+                         f"of {budget:.0f}s)")
                 t0 = time.time()
-                if time.time() > deadline - 5:
-                    checks = [dict(name=name, status="failed", reason="not run: the budget was spent")]
+                if room < 5:
+                    checks = [dict(name=name, status="failed", reason="not run: the budget was spent "
+                                   f"({clock.what}: {started:.0f}s of {budget:.0f}s)")]
                 else:
                     checks = RUNNERS[name](self, deadline)
+                clock.charge(name)
                 record = dict(section=name, status=step_status(checks), dry_run=self.dry_run,
                               device=self.device_description(), seconds=round(time.time() - t0, 1),
-                              deadline_seconds=self.sizes.deadlines[name],
+                              deadline_seconds=self.sizes.deadlines[name], budget_clock=dict(
+                                  what=clock.what, start=round(started), end=round(clock.used()), budget=budget),
                               finished=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                               checks=checks)
                 if not any("not run" in (c.get("reason") or "") for c in checks):
                     fairseq_runs.write_json(kept, fairseq_runs.finite_or_none(record))
                 self.log(f"{name}: {record['status']} in {record['seconds']:.0f}s")
-            fairseq_runs.write_json(os.path.join(self.out, f"{name}.json"), fairseq_runs.finite_or_none(record))
             records[name] = record
+            fairseq_runs.write_json(os.path.join(self.out, RESULT), fairseq_runs.finite_or_none(
+                dict(command=command, dry_run=self.dry_run, budget=budget, sections=records)))
             with open(os.path.join(self.out, "summary.md"), "w", encoding="utf-8") as f:
                 f.write(summary_markdown(records, self.dry_run, command))
         return records
+
+
+class BudgetClock:
+    """The budget spent so far: wall-clock seconds, or, with ``counted`` (the dry run), the real
+    deadlines of the sections run so far, as if each had run to its deadline on the GPU."""
+
+    def __init__(self, budget, counted=None):
+        self.budget, self.counted, self.start, self.charged = budget, counted, time.time(), 0.0
+        self.what = "the real deadlines counted" if counted else "wall clock"
+
+    def used(self):
+        return self.charged if self.counted else time.time() - self.start
+
+    def room(self, name):
+        """Seconds ``name`` may run: what is left of the budget (the dry run: 0 unless the section's
+        real deadline fits in what is left)."""
+        left = self.budget - self.used()
+        if self.counted:
+            return left if self.counted[name] <= left else 0.0
+        return left
+
+    def charge(self, name):
+        if self.counted:
+            self.charged += self.counted[name]
 
 
 def parse_args(argv=None):
@@ -116,9 +152,10 @@ def parse_args(argv=None):
     p.add_argument("--budget", type=float, default=BUDGET_SECONDS,
                    help="seconds for the whole command; each section also has its own deadline "
                         "(default: %(default)s)")
-    p.add_argument("--out", default=None, help=f"section JSON, summary.md, kernel_rule.json and the speed JSON "
+    p.add_argument("--out", default=None, help=f"{RESULT} (every section's record) and summary.md "
                                                f"(default: {DEFAULT_OUT}; with --dry-run {DRY_RUN_OUT})")
-    p.add_argument("--work", default=None, help="checkpoints, logs, finished sections (default: <out>/../work)")
+    p.add_argument("--work", default=None, help="checkpoints, logs, the speed JSON, kernel_rule.json, finished "
+                                                "sections (default: <out>/../work)")
     p.add_argument("--dry-run", action="store_true", help="the same steps on the CPU at tiny shapes (CI)")
     p.add_argument("--force", action="store_true", help="run sections again that an earlier call finished")
     args = p.parse_args(argv)

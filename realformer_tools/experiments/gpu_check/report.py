@@ -61,16 +61,18 @@ def summary_markdown(records, dry_run, args="") -> str:
     title = "# GPU device run" + (" (dry run: CPU, tiny shapes; not a measurement)" if dry_run else "")
     lines = [title, "", f"`python -m realformer_tools.experiments.gpu_check {args}`".replace(" `", "`"), "",
              "A status counts the judged checks only: `reported` is measured, not judged; `skipped` did not run here.",
-             "", "| section | status | seconds (deadline) | device | checks | failed |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "", "| section | status | seconds (deadline) | budget clock | device | checks | failed |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for name in SECTIONS:
         r = records.get(name)
         if r is None:
-            lines.append(f"| {name} | not run | - | - | | |")
+            lines.append(f"| {name} | not run | - | - | - | | |")
             continue
         failed = "; ".join(f"{c['name']}: {c.get('reason')}" for c in r["checks"] if c["status"] == "failed")
-        lines.append(f"| {name} | {r['status']} | {r['seconds']:.0f} ({r['deadline_seconds']:.0f}) | {r['device']} | "
-                     f"{status_counts(r['checks'])} | {_cell(failed[:400])} |")
+        clock = r.get("budget_clock")
+        at = f"{clock['start']}-{clock['end']} s of {clock['budget']:.0f} ({clock['what']})" if clock else "-"
+        lines.append(f"| {name} | {r['status']} | {r['seconds']:.0f} ({r['deadline_seconds']:.0f}) | {at} | "
+                     f"{r['device']} | {status_counts(r['checks'])} | {_cell(failed[:400])} |")
     makers = dict(speed=speed_lines, exactness=exactness_lines, train=train_lines)
     for name, r in records.items():
         lines += ["", f"## {name}", ""] + makers.get(name, lambda checks: [])(r["checks"])

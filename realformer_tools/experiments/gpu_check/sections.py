@@ -1,6 +1,7 @@
 """The ``tests`` and ``speed`` sections: the triton kernel's tests (and the half-precision
 tests) on CUDA, judged from their JUnit XML; the speed rows of ``scripts/benchmark_speed.py``
-against the targets, and the CUDA rule for ``auto`` from the GPU-bound rows."""
+against the targets (a variant that failed in a row: a failed check, the row measured without
+it), and the CUDA rule for ``auto`` from the GPU-bound rows."""
 
 import json
 import os
@@ -101,6 +102,8 @@ def speed_section(run, deadline):
     configs = [c for r in results for c in r["configs"]]
     checks.insert(0, check("speed rows", "reported", f"{len(configs)} rows measured", table=speed_table(configs),
                            not_run=[k for r in results for k in r.get("not_run", [])]))
+    checks += [check(f"{v} at {row_name(c)}", "failed", f"left out of the row (the others went on): {error}",
+                     variant=v) for c in configs for v, error in (c.get("failed") or {}).items()]
     checks += target_checks(configs, [p for r in results for p in r.get("first_pass", [])], run.dry_run)
     if results:
         merged = dict(results[0], configs=configs, command=" ; ".join(r["command"] for r in results))
@@ -109,16 +112,22 @@ def speed_section(run, deadline):
         except ValueError as exc:
             checks.append(check("kernel rule for auto on CUDA", "reported", f"not derived: {exc}"))
         else:
-            with open(os.path.join(run.out, "kernel_rule.json"), "w", encoding="utf-8") as f:
+            with open(os.path.join(run.work, "kernel_rule.json"), "w", encoding="utf-8") as f:
                 json.dump(rule, f, indent=1)
             checks.append(check("kernel rule for auto on CUDA", "reported", rule["measured"]["why"],
-                                rule=rule["rule"], file="kernel_rule.json"))
+                                rule=rule["rule"], kernel_rule=rule))
     return checks
+
+
+def row_name(c):
+    return (f"{c['size']}, {c['tokens_per_batch']} tokens, T = {c['length']}, {c['dtype']}"
+            + (", padded" if c.get("padded") else ""))
 
 
 def speed_table(configs):
     """One line per row and variant, as summary.md shows them."""
-    return [dict(size=c["size"], tokens=c["tokens_per_batch"], length=c["length"], dtype=c["dtype"], variant=v,
+    return [dict(size=c["size"] + (" (padded)" if c.get("padded") else ""), tokens=c["tokens_per_batch"],
+                 length=c["length"], dtype=c["dtype"], variant=v,
                  attention_dropout=c.get("attention_dropout"), ratio=r.get("train_speed_ratio"),
                  low=r.get("train_speed_low"), high=r.get("train_speed_high"), rounds=c["rounds"],
                  busy=r.get("gpu_busy_fraction"), memory=r.get("peak_memory_ratio"), host_bound=c.get("host_bound"))
@@ -133,8 +142,8 @@ def target_checks(configs, first_passes, dry_run):
         rows = [c for c in configs if all(c.get(k) == v for k, v in where.items()) and variant in c["variants"]]
         for c in rows:
             r = c["variants"][variant]
-            name = (f"{variant} at {c['size']}, {c['tokens_per_batch']} tokens, T = {c['length']}, {c['dtype']}: "
-                    f">= {speed:.2f}x vanilla" + (f", memory <= {memory:.2f}x" if memory else ""))
+            name = (f"{variant} at {row_name(c)}: >= {speed:.2f}x vanilla"
+                    + (f", memory <= {memory:.2f}x" if memory else ""))
             got = f"{r['train_speed_ratio']:.2f}x ({r['train_speed_low']:.2f}-{r['train_speed_high']:.2f})" + (
                 f", memory {r['peak_memory_ratio']:.2f}x" if memory and r.get("peak_memory_ratio") else "")
             met = r["train_speed_ratio"] >= speed and (not memory or (r.get("peak_memory_ratio") or 9) <= memory)
