@@ -41,8 +41,8 @@ def train_losses(log):
 
 
 def training_log(proc):
-    """What the run logged, less the launcher's one line per fix installed (which names what each
-    fix replaces, torch_xla and loss-scaler overflows among them)."""
+    """What the run logged, less the launcher's lines about its fixes (their names and, at
+    ``--verbose``, what each changes: torch_xla and loss-scaler words among them)."""
     return "".join(line for line in (proc.stdout + proc.stderr).splitlines(keepends=True)
                    if " | realformer_tools.fairseq_fixes | " not in line)
 
