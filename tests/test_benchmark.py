@@ -67,3 +67,45 @@ def test_a_cpu_row_has_every_variant_timed_per_round_with_tokens_and_dropout():
         assert len(r["train_step_seconds_all"]) == 2 and r["gpu_busy_fraction"] is None
         assert r["train_speed_low"] <= r["train_speed_ratio"] <= r["train_speed_high"]
     assert benchmark.arch_args("big", "triton")[1].attention_dropout == 0.1  # the big arch's own default
+
+
+def test_a_variant_that_fails_leaves_its_row_and_the_others_go_on(monkeypatch):
+    """One variant fails while built (bias), another at its second step (materialized: a kernel
+    failing on a GPU, memory): the row is measured with vanilla alone, each error kept."""
+    import realformer_nmt  # noqa: F401  (registers the archs)
+
+    build, step = benchmark.build_model, benchmark.timed_step
+    steps = []
+
+    def build_or_fail(size, variant, *args, **kwargs):
+        if variant == "bias":
+            raise RuntimeError("PassManager::run failed\n(the dump)")
+        return build(size, variant, *args, **kwargs)
+
+    def step_or_fail(model, *args):
+        steps.append(model)
+        if model.__class__.__name__.startswith("RealFormer") and steps.count(model) == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+        return step(model, *args)
+
+    monkeypatch.setattr(benchmark, "build_model", build_or_fail)
+    monkeypatch.setattr(benchmark, "timed_step", step_or_fail)
+    row = benchmark.run_config("toy", 8, ["vanilla", "materialized", "bias"], tokens=64, alternations=3, warmup=0,
+                               vocab=50, mode="sum", device="cpu", dtype=torch.float32, memory=False,
+                               log=lambda m: None)
+    assert list(row["variants"]) == ["vanilla"] and len(row["variants"]["vanilla"]["train_step_seconds_all"]) == 3
+    assert row["failed"] == {"bias": "RuntimeError: PassManager::run failed",
+                             "materialized": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"}
+
+
+def test_a_padded_batch_is_collated_as_fairseq_does():
+    d = benchmark.make_dictionary(50)
+    src, lengths, prev, tgt = benchmark.random_batch(d, 64, 16, 12, "cpu", padded=True)
+    pad = d.pad()
+    assert torch.equal(src.ne(pad).sum(1), lengths) and (lengths >= 8).all() and (lengths < 16).any()
+    assert all(row[16 - n:].ne(pad).all() and row[:16 - n].eq(pad).all() for row, n in zip(src, lengths))  # left
+    kept = tgt.ne(pad).sum(1)
+    assert (kept >= 6).all() and (kept < 12).any() and torch.equal(prev.ne(pad).sum(1), kept)
+    assert all(row[:n].ne(pad).all() and row[n:].eq(pad).all() for row, n in zip(tgt, kept))  # right
+    plain = benchmark.random_batch(d, 4, 16, 12, "cpu")
+    assert not plain[0].eq(pad).any() and torch.equal(plain[1], torch.full((4,), 16))
