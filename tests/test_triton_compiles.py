@@ -1,8 +1,14 @@
-"""The ``triton`` kernels compile for a GPU without one: Triton's own compiler (to PTX and, with
-the ptxas its wheel ships, to a cubin) for an H100/H200 (sm_90) in fp16, the kernels as a
-training run launches them (runtime flags and lengths), within an H100's shared memory. The
-interpreter, which the other tests use, cannot show this: it runs Python, not the compiler."""
+"""The ``triton`` kernels compile for GPUs without one: Triton's own compiler (to PTX and, with the
+ptxas its wheel ships, to a cubin; ``realformer_tools/experiments/triton_compile.py``) with the
+block sizes, warps and stages they launch with there (``triton.block_config``) and the
+specialization a training run's launch gets. An H100/H200 (sm_90) in fp16 within its shared
+memory; every kernel for sm_80, sm_86 and sm_90 in fp16 and bf16 at head dim 64 without a spill
+(registers spilled to local memory); on sm_86 (99 KB of shared memory per block at most) within
+it at head dims 64 and 128. The interpreter, which the other tests use, cannot show this: it runs
+Python, not the compiler."""
 
+import concurrent.futures
+import json
 import os
 import subprocess
 import sys
@@ -10,43 +16,44 @@ import sys
 import pytest
 from conftest import REPO
 
-CODE = r"""
-import triton
-import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
-import realformer_nmt.modules.residual_attention.triton as tk
-
-assert not tk.INTERPRETED
-FLOATS = dict(scale="fp32", divisor="fp32", dropout_p="fp32", seed="i64", offset="i64")
+from realformer_tools.experiments.triton_compile import KERNELS, SHARED_LIMIT
 
 
-def compile_(fn, types, constexprs):
-    signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}
-    source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()})
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=2))
-    print(fn.__name__, kernel.metadata.shared)
-
-
-half, sums = "*fp16", "*fp32"
-blocks = dict(DOT=tl.float16, PRECISION="tf32", BLOCK_M=64, BLOCK_N=64, BLOCK_D=64)
-compile_(tk._forward, dict(Q=half, K=half, V=half, PREV=sums, PAD="*u8", A=sums, OUT=half, M=sums, L=sums, **FLOATS),
-         blocks)
-compile_(tk._delta, dict(OUT=half, DO=half, DELTA=sums), dict(BLOCK_M=64, BLOCK_D=64))
-compile_(tk._backward_kv, dict(Q=half, K=half, V=half, DO=half, ROOT=sums, Q1=half, K1=half, GNEXT=sums, PAD="*u8",
-                               M=sums, L=sums, DELTA=sums, G=sums, DK=half, DV=half, **FLOATS), blocks)
-compile_(tk._backward_q, dict(G=sums, K=half, DQ=half, scale="fp32"), blocks)
-print("compiled")
-"""
-
-
-def test_the_kernels_compile_for_sm90():
+def compiled(tmp_path, *targets):
+    """The rows of ``triton_compile`` for each ``(archs, dims, dtypes)``, compiled in processes of
+    their own (``TRITON_INTERPRET=0``), two at a time."""
     pytest.importorskip("triton", reason="triton is not installed (pip install '.[triton]')")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=600)
-    if "No module named 'triton.backends.nvidia'" in proc.stderr:
-        pytest.skip("this triton has no CUDA backend")
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("compiled"), proc.stderr[-3000:]
-    shared = {line.split()[0]: int(line.split()[1]) for line in proc.stdout.splitlines()[:-1]}
-    assert max(shared.values()) <= 228 * 1024, shared  # an H100's shared memory per block
+
+    def one(i, archs, dims, dtypes):
+        out = tmp_path / f"compiled{i}.json"
+        proc = subprocess.run([sys.executable, "-m", "realformer_tools.experiments.triton_compile", "--archs", archs,
+                               "--dims", dims, "--dtypes", dtypes, "--json", str(out)], env=env, capture_output=True,
+                              text=True, timeout=1200)
+        if "No module named 'triton.backends.nvidia'" in proc.stderr:
+            pytest.skip("this triton has no CUDA backend")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(out.read_text())["rows"]
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        return [row for rows in pool.map(lambda a: one(a[0], *a[1]), enumerate(targets)) for row in rows]
+
+
+def test_the_kernels_compile_for_sm90(tmp_path):
+    rows = compiled(tmp_path, ("90", "64", "fp16"))
+    assert [r["kernel"] for r in rows] == list(KERNELS)
+    assert all(0 < r["shared_bytes"] <= SHARED_LIMIT[90] and r["instructions"] > 0 for r in rows), rows
+
+
+@pytest.mark.slow  # 32 compilations (minutes on a CPU, seconds from Triton's cache)
+def test_no_spill_at_head_dim_64_and_sm86_shared_memory_within_99_kb(tmp_path):
+    rows = compiled(tmp_path, ("80,86,90", "64", "fp16"), ("80,86,90", "64", "bf16"), ("86", "128", "fp16,bf16"))
+    spilled = [(r["arch"], r["dtype"], r["kernel"], r["spill_bytes"]) for r in rows
+               if r["head_dim"] == 64 and r["spill_bytes"]]
+    assert not spilled, spilled
+    assert len({(r["arch"], r["dtype"]) for r in rows if r["head_dim"] == 64}) == 6
+    sm86 = [r for r in rows if r["arch"] == "sm_86"]
+    assert len(sm86) == 4 * len(KERNELS)  # head dims 64 and 128, fp16 and bf16
+    too_big = [(r["head_dim"], r["dtype"], r["kernel"], r["shared_bytes"]) for r in sm86
+               if r["shared_bytes"] > 99 * 1024]
+    assert not too_big, too_big

@@ -19,6 +19,10 @@ cold-start times.
 Run: ``python -m realformer_tools.experiments.compile_check --json out.json``. Each
 variant's result is written as soon as it is measured; re-running with the same
 settings skips the variants already in the file.
+
+``--triton``: the other compile check, the ``triton`` kernels compiled by Triton's own compiler
+for sm_80, sm_86 and sm_90 without a GPU (registers, spills, shared memory, SASS instructions;
+``triton_compile.py``, whose flags follow it).
 """
 
 import argparse
@@ -28,6 +32,7 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -191,8 +196,16 @@ def run(variants, dims, bsz, src_len, tgt_len, steps, warmup, backend, json_path
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--triton" in argv:
+        from . import triton_compile
+
+        return triton_compile.main([a for a in argv if a != "--triton"])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--triton", action="store_true",
+                   help="instead: compile the triton kernels for sm_80/86/90 without a GPU (triton_compile.py: "
+                        "--archs, --dims, --dtypes, --only, --json, --markdown follow)")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     p.add_argument("--layers", type=int, default=3, help="encoder and decoder layers (default 3)")
     p.add_argument("--embed-dim", type=int, default=128)
