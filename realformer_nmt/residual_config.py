@@ -217,5 +217,5 @@ def add_args(parser, available=PATHS):
                             "without residual scores. Default: none")
     group.add_argument(VALUE_MIX_FLAG, choices=VALUE_MIXES, type=_argparse_type(parse_value_mix),
                        help="the value residual's mix: half (l1 = l2 = 0.5, ResFormer's fixed form) or learned "
-                            "(l1, l2 learned per layer, starting at 0.5 and 0.5, as ResFormer's Learnable-ResFormer "
-                            "and modded-nanogpt's per-layer lambdas). Default: learned")
+                            "(l1 = 1 - lambda, l2 = lambda, one lambda learned per layer and path from 0.5, as "
+                            "modded-nanogpt's value residual). Default: learned")

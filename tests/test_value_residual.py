@@ -50,8 +50,8 @@ def attention(p, xq, xkv, heads, pad, causal, prev, scores, mode, n, first, mix)
     elif mix == "half":
         v = 0.5 * v + 0.5 * first
     elif mix == "learned":
-        lam = p["value_residual.lambdas"]
-        v = lam[0] * v + lam[1] * first
+        lam = p["value_residual.lamb"]
+        v = (1 - lam) * v + lam * first
     q, k, v = (t.view(B, -1, heads, d).transpose(1, 2) for t in (q, k, v))
     a = q @ k.transpose(-1, -2) / math.sqrt(d)
     if scores and prev is not None:
@@ -141,14 +141,14 @@ def reference(model, src, tgt, paths, value_paths, mix, mode="sum", pre_ln=False
 # --------------------------------------------------------------------------------------
 
 def value_model(dictionary, value_paths=ALL, mix="learned", seed=0, **overrides):
-    """A tiny model with value residual; a learned mix gets distinct lambdas per layer and path."""
+    """A tiny model with value residual; a learned mix gets a distinct λ per layer and path."""
     model = build(dictionary=dictionary, seed=seed, **{"value_residual_paths": value_paths,
                                                         "value_residual_mix": mix, **overrides})
     g = torch.Generator().manual_seed(seed + 11)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("value_residual.lambdas"):
-                p.copy_(torch.rand(2, generator=g) * 1.5 - 0.25)
+            if name.endswith("value_residual.lamb"):
+                p.copy_(torch.rand((), generator=g) * 1.5 - 0.25)
     return model
 
 
@@ -202,7 +202,7 @@ def test_model_matches_the_formula(value_paths, kernel, mix, scores):
     assert (got_enc - want_enc)[real].abs().max() < 1e-5
     assert (got - want).abs().max() < 1e-5 * max(1.0, want.abs().max().item())
     reached = same_gradients(model, got, want)
-    lambdas = [n for n, _ in model.named_parameters() if n.endswith("value_residual.lambdas")]
+    lambdas = [n for n, _ in model.named_parameters() if n.endswith("value_residual.lamb")]
     assert len(lambdas) == (0 if mix == "half" else 2 * len(value_paths.split(",")))
     assert set(lambdas) <= set(reached)  # every mix is learned: a gradient for each lambda
     # the formula tests would pass trivially if value residual changed nothing
@@ -225,14 +225,14 @@ def test_pre_ln_and_the_running_mean_match_the_formula(mode):
 
 
 def test_a_learned_mix_starts_as_the_half_mix():
-    """lambdas start at (0.5, 0.5): a fresh learned model computes the half mix's outputs bit for bit;
-    the first layer of each path has no lambdas (it never mixes), the others one pair each."""
+    """λ starts at 0.5: a fresh learned model computes the half mix's outputs bit for bit; the first
+    layer of each path has no λ (it never mixes), the others one each."""
     d = make_dictionary()
     half, learned = (build(dictionary=d, value_residual_paths=ALL, value_residual_mix=m) for m in MIXES)
     src, lengths, tgt = padded_batch(d)
     assert torch.equal(learned(src, lengths, tgt)[0], half(src, lengths, tgt)[0])
     names = {n: p.tolist() for n, p in learned.named_parameters() if "value_residual" in n}
-    assert names == {f"{stack}.layers.{i}.{attn}.value_residual.lambdas": [0.5, 0.5] for i in (1, 2)
+    assert names == {f"{stack}.layers.{i}.{attn}.value_residual.lamb": 0.5 for i in (1, 2)
                      for stack, attn in (("encoder", "self_attn"), ("decoder", "self_attn"),
                                          ("decoder", "encoder_attn"))}
 
@@ -309,8 +309,8 @@ def test_the_cache_holds_the_mixed_values():
     bsz, heads = tgt.size(0), model.decoder.layers[0].self_attn.num_heads
     for (i, kind), values in full.items():
         attn = getattr(model.decoder.layers[i], kind)
-        lam = attn.value_residual.lambdas
-        want = raw[i, kind] if i == 0 else lam[0] * raw[i, kind] + lam[1] * raw[0, kind]
+        lam = attn.value_residual.lamb
+        want = raw[i, kind] if i == 0 else (1 - lam) * raw[i, kind] + lam * raw[0, kind]
         assert (values - want).abs().max() < 1e-6, (i, kind)
         cached = attn._get_input_buffer(state)["prev_value"]
         assert (cached - want.view(want.size(0), bsz, heads, -1).permute(1, 2, 0, 3)).abs().max() < 1e-5, (i, kind)
@@ -385,9 +385,9 @@ def test_layerdrop_takes_v1_from_the_first_layer_that_runs(monkeypatch, enc_kept
     reached = set(same_gradients(model, dropped, want))
     idle = {("encoder", i) for i in range(4) if i not in enc_kept[1:]} | {
         ("decoder", i) for i in range(3) if i not in dec_kept[1:]}  # dropped, or first of those that ran
-    lambdas = {n for n, _ in model.named_parameters() if n.endswith("value_residual.lambdas")}
+    lambdas = {n for n, _ in model.named_parameters() if n.endswith("value_residual.lamb")}
     assert lambdas - reached == {n for n in lambdas if (n.split(".")[0], int(n.split(".")[2])) in idle}
-    assert f"encoder.layers.{enc_kept[1]}.self_attn.value_residual.lambdas" in reached
+    assert f"encoder.layers.{enc_kept[1]}.self_attn.value_residual.lamb" in reached
 
 
 def test_checkpointed_layers_keep_every_gradient():
@@ -450,6 +450,6 @@ def test_bert_encoder_matches_the_formula_and_its_heads_train_the_lambdas(mix):
     logits = model(src)[0]
     classes = model(src, features_only=True, classification_head_name="probe")[0]
     (logits.logsumexp(-1).mean() + classes.logsumexp(-1).mean()).backward()
-    lambdas = [p for n, p in model.named_parameters() if n.endswith("value_residual.lambdas")]
+    lambdas = [p for n, p in model.named_parameters() if n.endswith("value_residual.lamb")]
     assert len(lambdas) == (2 if mix == "learned" else 0)
     assert all(p.grad is not None and p.grad.abs().max() > 0 for p in lambdas)

@@ -59,7 +59,7 @@ def argparse_namespace(**kwargs):
 
 def test_checkpoints_note_the_setting_and_load_across_settings(caplog):
     """The state dict notes value residual (none: today's note); loading weights trained with another
-    setting warns naming it; a checkpoint without lambdas (no value residual, or half) starts a
+    setting warns naming it; a checkpoint without λ (no value residual, or half) starts a
     learned model at the half mix (a warm start), and a learned one loads into half without them."""
     d = make_dictionary()
     learned, half, plain = (build(dictionary=d, value_residual_paths=paths, value_residual_mix=mix)
@@ -73,7 +73,7 @@ def test_checkpoints_note_the_setting_and_load_across_settings(caplog):
     with caplog.at_level("WARNING"):
         learned.load_state_dict(plain.state_dict())
     assert "value residual paths none -> encoder,decoder,cross" in caplog.text
-    assert all(p.tolist() == [0.5, 0.5] for n, p in learned.named_parameters() if "value_residual" in n)
+    assert all(p.tolist() == 0.5 for n, p in learned.named_parameters() if "value_residual" in n)
     caplog.clear()
     src, lengths, tgt = padded_batch(d)
     with caplog.at_level("WARNING"):
@@ -219,8 +219,8 @@ def test_the_two_backbones_train_and_decode_and_only_they_train(m30k_three_sets,
         assert all(v[0] is not None for v in e["bleu_per_seed_by_test_set"].values())
         assert len(e["bleu_per_seed_by_test_set"]) == 3
         state = torch.load(out / b / "seed1" / "checkpoint_best.pt", map_location="cpu", weights_only=False)
-        lambdas = [k for k in state["model"] if k.endswith("value_residual.lambdas")]
-        assert lambdas == ["encoder.layers.1.self_attn.value_residual.lambdas",
-                           "decoder.layers.1.self_attn.value_residual.lambdas"]  # 2+2 layers: layer 2 mixes
-        assert any(state["model"][k].tolist() != [0.5, 0.5] for k in lambdas)  # learned
+        lambdas = [k for k in state["model"] if k.endswith("value_residual.lamb")]
+        assert lambdas == ["encoder.layers.1.self_attn.value_residual.lamb",
+                           "decoder.layers.1.self_attn.value_residual.lamb"]  # 2+2 layers: layer 2 mixes
+        assert any(state["model"][k].item() != 0.5 for k in lambdas)  # learned
     assert summary["preln"]["imported_from_per_seed"] == [str(committed)]

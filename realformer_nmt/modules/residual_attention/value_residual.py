@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from .state import ResidualPath, ResidualState
 
 VALUE_MIXES = ("half", "learned")
-LEARNED_INIT = (0.5, 0.5)  # (λ1, λ2): a learned mix starts as the half mix
+LEARNED_INIT = 0.5  # λ of the learned mix (λ1 = 1 - λ, λ2 = λ): it starts as the half mix
 
 
 class ValueCall:
@@ -28,8 +28,9 @@ class ValueResidual(nn.Module):
     """The value residual of one attention module: a forward hook on its ``v_proj`` mixes the
     projection's output ``[S, B, C]`` during a call run by :meth:`around`.
 
-    ``mix``: ``"half"`` (``λ1 = λ2 = 0.5``) or ``"learned"`` (``lambdas``, a parameter ``[λ1, λ2]``
-    initialised to ``LEARNED_INIT``; absent on a path's first layer, ``first``, which never mixes)."""
+    ``mix``: ``"half"`` (``λ1 = λ2 = 0.5``) or ``"learned"`` (``lamb``, one scalar parameter ``λ``,
+    ``λ1 = 1 - λ`` and ``λ2 = λ``, initialised to ``LEARNED_INIT``: modded-nanogpt's convex value residual
+    mix; absent on a path's first layer, ``first``, which never mixes)."""
 
     def __init__(self, v_proj: nn.Module, mix: str, first: bool = False):
         super().__init__()
@@ -37,7 +38,7 @@ class ValueResidual(nn.Module):
             raise ValueError(f"value residual mix must be one of {VALUE_MIXES}, got {mix!r}")
         self.mix = mix
         self.first = first
-        self.lambdas = nn.Parameter(torch.tensor(LEARNED_INIT)) if mix == "learned" and not first else None
+        self.lamb = nn.Parameter(torch.tensor(LEARNED_INIT)) if mix == "learned" and not first else None
         self.call: Optional[ValueCall] = None
         v_proj.register_forward_hook(self._mix_values)
 
@@ -74,25 +75,25 @@ class ValueResidual(nn.Module):
         return self.mixed(v, call.first)
 
     def mixed(self, v: Tensor, first: Tensor) -> Tensor:
-        """``λ1 v + λ2 first``."""
+        """``λ1 v + λ2 first``: ``0.5 v + 0.5 first`` (half) or ``(1 - λ) v + λ first`` (learned)."""
         if first.shape != v.shape:
             raise ValueError(f"the first layer's values have shape {tuple(first.shape)}, this layer's "
                              f"{tuple(v.shape)} (value residual mixes the same positions)")
         if self.mix == "half":
             return 0.5 * v + 0.5 * first
-        if self.lambdas is None:
+        if self.lamb is None:
             raise RuntimeError("value residual: a path's first layer has no mix, yet it was given V_1")
-        lambdas = self.lambdas.to(v.dtype)
-        return lambdas[0] * v + lambdas[1] * first
+        lamb = self.lamb.to(v.dtype)
+        return (1 - lamb) * v + lamb * first
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        """A checkpoint without ``lambdas`` (no value residual, or the half mix) loads with this model's
-        initial ones (the half mix); a first layer's, unused here (a pruned model), is dropped."""
-        key = prefix + "lambdas"
-        if self.lambdas is not None and key not in state_dict:
-            state_dict[key] = self.lambdas.detach().clone()
-        elif self.lambdas is None:
+        """A checkpoint without ``lamb`` (no value residual, or the half mix) loads with this model's
+        initial one (the half mix); a first layer's, unused here (a pruned model), is dropped."""
+        key = prefix + "lamb"
+        if self.lamb is not None and key not in state_dict:
+            state_dict[key] = self.lamb.detach().clone()
+        elif self.lamb is None:
             state_dict.pop(key, None)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)

@@ -29,12 +29,12 @@ ABLATION = {"postln": "postln", "encoder": "realformer_encoder", "decoder": "rea
 VARIANTS = BACKBONES + ("realformer_mean", "realformer_preln", "realformer_encoder", "realformer_decoder",
                        "realformer_cross", "preln_vr", "realformer_preln_vr")
 # Value residual (ResFormer, Zhou et al., arXiv 2410.17897) on the encoder and decoder self-attention
-# paths, with the learned mix: no source recommends the fixed half mix at any small size. ResFormer's code
-# (github.com/Zcchill/Value-Residual-Learning) trains the half mix; its paper also has a Learnable-ResFormer
-# (lambdas learned from 0.5, 0.5), reported at least as good at its smallest size (82M parameters, 8
-# layers; read in summaries of the paper, not checked in its text); x-transformers learns its mix by
-# default (learned_value_residual_mix=True), modded-nanogpt learns per-layer lambdas from (0.5, 0.5). The
-# 3+3-layer, d=256 recipe is far below every size they report (docs/internals.md#value-residual).
+# paths, with the learned mix: no source we could check recommends the fixed half mix at a small size.
+# ResFormer's code (github.com/Zcchill/Value-Residual-Learning) trains the half mix; the small-model
+# speedrun that spread the idea (KellerJordan/modded-nanogpt, Nov 2024, from @Grad62304977) learns one
+# convex lambda per layer from 0.5, v = (1 - lambda) v + lambda v1, which is the learned mix here;
+# x-transformers learns its mix by default too (a per-token gate). The 3+3-layer, d=256 recipe is far
+# below every size they report (docs/internals.md#value-residual).
 VALUE_RESIDUAL_MIX = "learned"
 VALUE_RESIDUAL_FLAGS = ["--value-residual-paths", "encoder,decoder", "--value-residual-mix", VALUE_RESIDUAL_MIX]
 # the value residual study's seed-paired comparisons (backbone, reference), one family (pairs.py)
@@ -51,8 +51,8 @@ BACKBONE_DESCRIPTIONS = {
     "realformer_decoder": "`realformer_transformer`, residual attention on the decoder self-attention only",
     "realformer_cross": "`realformer_transformer`, residual attention on the encoder-decoder attention only",
     "preln_vr": "`realformer_transformer`, Pre-LN, no residual attention, value residual (ResFormer) on the encoder "
-                "and decoder self-attention, learned mix (lambdas from 0.5, 0.5: ResFormer's Learnable-ResFormer; no "
-                "source recommends the fixed half mix at this size)",
+                "and decoder self-attention, learned mix (one lambda per layer from 0.5, "
+                "modded-nanogpt's form; no source we checked recommends the fixed half mix at this size)",
     "realformer_preln_vr": "`realformer_transformer`, Pre-LN, residual attention on encoder, decoder and cross paths "
                            "and value residual on the encoder and decoder self-attention, learned mix (as preln_vr)",
 }

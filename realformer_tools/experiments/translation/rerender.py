@@ -147,7 +147,7 @@ def parse_args(argv=None):
 def main(argv=None):
     import logging
 
-    logging.basicConfig(format="%(message)s", level=logging.WARNING)  # quiets fairseq's import-time INFO
+    logging.basicConfig(format="%(message)s", level=logging.WARNING, force=True)  # fairseq's import sets DEBUG
     paths = parse_args(argv).paths
     try:
         folders = []
