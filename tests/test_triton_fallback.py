@@ -103,6 +103,31 @@ def test_auto_trains_on_after_a_plain_runtime_error_with_one_line(fresh, monkeyp
     assert any("runs bias" in m for m in infos), infos  # the model's summary line, said again for the fallback
 
 
+def test_out_of_memory_is_the_batchs_and_leaves_triton_on(fresh, monkeypatch, caplog):
+    """An out-of-memory error in the kernel is not Triton failing: it reaches the caller (fairseq
+    skips that batch as for any kernel) and auto keeps running triton, with no warning."""
+    module, device = fresh
+    calls = []
+    real = module.residual_attention
+
+    def once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "residual_attention", once)
+    model = build(dictionary=make_dictionary(), residual_attention_kernel="auto", encoder_attention_heads=2,
+                  decoder_attention_heads=2).to(device)
+    src, lengths, tgt = (t.to(device) for t in batch(make_dictionary(), bsz=2))
+    with caplog.at_level(logging.WARNING, logger=OURS):
+        with pytest.raises(torch.OutOfMemoryError):
+            model.train()(src, lengths, tgt)
+        model(src, lengths, tgt)[0].float().sum().backward()  # the next batch: triton again
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert model.encoder.layers[0].self_attn.notes.triton_failed is None and len(calls) > 1
+
+
 @pytest.mark.parametrize("where", ["forward", "backward"])
 def test_an_explicit_triton_still_raises(fresh, monkeypatch, where):
     """``--residual-attention-kernel triton``: no probe, no fallback; the error reaches the caller

@@ -122,7 +122,9 @@ class TritonKernel:
             out, scores, rebuild = kernels.residual_attention(
                 q, k, v, prev, key_padding_mask, chain=None if prev_state is None else prev_state.rebuild, **run)
         except Exception as error:
-            if self.kernel != "auto":
+            # out of memory is the batch's, not Triton's: fairseq skips the batch (or stops) as for any kernel,
+            # and auto keeps triton
+            if self.kernel != "auto" or isinstance(error, torch.OutOfMemoryError):
                 raise
             raise TritonFailed(error) from error
         return self._project_out(out, tgt_len, bsz), None, ResidualState(scores=scores, terms=terms, rebuild=rebuild)
