@@ -83,7 +83,9 @@ def pair_lines(summary, pairs=VALUE_RESIDUAL_PAIRS):
              "with the same seed, over the seeds both have; mean ± sd, 95% interval (Student t) and the interval "
              f"corrected (Bonferroni) for the family: {k} pairs x {sets} test set{'s' if sets > 1 else ''} = "
              f"{k * sets} BLEU comparisons on each set, {k} for the mean of the sets and {k} for the best valid "
-             "loss (lower is better); bold: the corrected interval excludes zero).", "",
+             "loss (lower is better); bold: the corrected interval excludes zero). Primary measure, fixed before "
+             "the runs: ΔBLEU over the mean of the test sets, its interval corrected for the pairs; the other "
+             "columns are secondary.", "",
              "| backbone − reference, same seed | "
              + (" | ".join(f"ΔBLEU `{n}`" for n in names) if names else "ΔBLEU (test)")
              + (" | ΔBLEU, mean of the test sets" if over else "") + " | Δ best valid loss |",
