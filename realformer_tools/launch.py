@@ -216,18 +216,29 @@ def _as_now(obj):
 class _AnnounceBeforeFirstLine(logging.Filter):
     """On the root logger's handlers while a command runs: the fixes' announcement is logged
     just before the first record the command logs, so an input refused before it logs anything
-    (printed as one line on stderr) is all the user sees."""
+    (printed as one line on stderr) is all the user sees. A fix's note on the command line (a
+    record with ``COMMAND_LINE_NOTE`` set: bf16_without_tpu's line, logged while fairseq parses
+    it, before the checks that may refuse the input) is held until then too, and follows the
+    announcement."""
 
     def __init__(self, entries, verbose):
         super().__init__()
-        self.entries, self.verbose, self.done = entries, verbose, False
+        self.entries, self.verbose, self.done, self.held = entries, verbose, False, []
 
     def filter(self, record):
-        if not self.done:
-            self.done = True
-            from .fairseq_fixes import announce
+        if self.done:
+            return True
+        from .fairseq_fixes import announce
+        from .fairseq_fixes.bf16_without_tpu import COMMAND_LINE_NOTE
 
-            announce(self.entries, self.verbose)
+        if record is not None and getattr(record, COMMAND_LINE_NOTE, False):
+            if all(held is not record for held in self.held):  # (the same record, at each handler)
+                self.held.append(record)
+            return False
+        self.done = True
+        announce(self.entries, self.verbose)
+        for held in self.held:
+            logging.getLogger(held.name).handle(held)
         return True
 
 

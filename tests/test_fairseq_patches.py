@@ -8,6 +8,7 @@ import fairseq_cli.generate
 import fairseq_cli.interactive
 import fairseq_cli.preprocess
 import fairseq_cli.train
+import fairseq_cli.validate
 import numpy as np
 import torch
 from conftest import make_dictionary
@@ -58,7 +59,9 @@ def replaced_objects():
         "resume_batches": (Trainer.__dict__["get_train_iterator"],),
         "cpu_distributed": (distributed_fairseq_model.DistributedDataParallel, distributed_utils.call_main),
         "arch_choices": (options.add_model_args,),
-        "train_preflight": (fairseq_cli.train.main,),
+        "train_preflight": (fairseq_cli.train.main, fairseq_cli.train.convert_namespace_to_omegaconf,
+                            fairseq_cli.generate.convert_namespace_to_omegaconf,
+                            fairseq_cli.validate.convert_namespace_to_omegaconf),
     }
 
 

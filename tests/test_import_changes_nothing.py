@@ -42,7 +42,9 @@ FIXED = {
                         "fairseq.distributed.utils:call_main",
                         "fairseq.distributed_utils:call_main"],  # fairseq's alias of fairseq.distributed.utils
     "arch_choices": ["fairseq.options:add_model_args"],
-    "train_preflight": ["fairseq_cli.train:main"],
+    "train_preflight": ["fairseq_cli.train:main", "fairseq_cli.train:convert_namespace_to_omegaconf",
+                        "fairseq_cli.generate:convert_namespace_to_omegaconf",
+                        "fairseq_cli.validate:convert_namespace_to_omegaconf"],
     "bf16_without_tpu": ["fairseq.options:parse_args_and_arch", "fairseq.trainer:Trainer.__init__"],
     "preprocess_checks": ["fairseq_cli.preprocess:main"],
     "one_line_errors": [],  # sys.excepthook (below)

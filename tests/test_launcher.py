@@ -8,12 +8,14 @@ found it."""
 import contextlib
 import json
 import re
+import shlex
 import subprocess
 import sys
 
 import pytest
 from cli_helpers import TINY_FLAGS, command, run, write_reversal_corpus
 from conftest import REPO, USER_DIR, cli_env, trains
+from test_docs import logical_lines, section, split_markdown
 
 from realformer_tools import launch
 
@@ -275,6 +277,19 @@ def test_a_refused_input_is_one_line_in_process(tmp_path, capsys):
     assert fairseq_cli.train.main is own and not (tmp_path / "save").exists()
 
 
+def _readme_gpu_training(work):
+    """The launcher's arguments in the README's "On a GPU" fairseq-train command, with the
+    eight-GPU values its comment gives and ``$WORK`` = ``work``."""
+    blocks, _ = split_markdown(section("README.md", "On a GPU"))
+    lines = next(logical_lines(code) for lang, _, code in blocks if lang == "bash" and "fairseq-train" in code)
+    settings, eight = lines[0].split("# eight GPUs:")
+    values = dict(word.split("=", 1) for word in shlex.split(settings))
+    values.update(re.findall(r"(\w+)=(\S+)", eight), WORK=str(work), USER_DIR=USER_DIR)
+    words = shlex.split(re.sub(r"\$(\w+)", lambda m: values[m.group(1)], lines[1]))
+    assert words[:2] == ["realformer-fairseq", "fairseq-train"] and values["GPUS"] == "8", lines
+    return words[1:]
+
+
 def _refusals(data, tmp):
     """{case: (launcher arguments, exit status, words of the one line, path that must not exist)}"""
     raw = tmp / "raw"
@@ -287,9 +302,24 @@ def _refusals(data, tmp):
     train = ["--arch", "transformer", "--cpu", "--max-update", "1", "--save-dir", tmp / "save"]
     prep = ["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
             "--workers", "1", "--destdir", tmp / "bin"]
+    # plain fairseq binarizes a 21-line source against its 20-line target (valid and test)
+    unequal = tmp / "unequal"
+    run("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
+        "--validpref", raw / "short", "--testpref", raw / "short", "--workers", "1", "--destdir", unequal, fixes=False)
+    counts = f"{unequal}/{{0}}.src-tgt.src.idx has 21 examples but {unequal}/{{0}}.src-tgt.tgt.idx has 20"
     return {
         "missing data folder": (["fairseq-train", tmp / "missing", *train], 1,
                                 f"data directory {str(tmp / 'missing')!r} does not exist", tmp / "save"),
+        "missing data folder, two ranks": (["fairseq-train", tmp / "missing", *train, "--distributed-world-size",
+                                            "2"], 1, f"data directory {str(tmp / 'missing')!r} does not exist",
+                                           tmp / "save"),
+        "the README's eight-GPU command, no data": (_readme_gpu_training(tmp / "work"), 1,
+                                                    f"data directory {str(tmp / 'work' / 'data')!r} does not exist",
+                                                    tmp / "work"),
+        "train: valid pairs unequal": (["fairseq-train", unequal, *train], 1, counts.format("valid"), tmp / "save"),
+        "generate: test pairs unequal": (["fairseq-generate", unequal, "--path", tmp / "never-read.pt", "--cpu",
+                                          "--results-path", tmp / "generated"], 1, counts.format("test"),
+                                         tmp / "generated"),
         "fp16 on cpu": (["fairseq-train", data, *train, "--fp16"], 1, "--fp16 trains on CUDA GPUs only",
                         tmp / "save"),
         "mistyped arch": (["fairseq-train", data, *train, "--arch", "transfomer"], 2,
@@ -306,7 +336,10 @@ def _refusals(data, tmp):
 def test_a_refused_input_is_the_only_line_printed(data, tmp_path):
     """Each input the launcher refuses: one line on stderr (no announcement, no Hydra warning
     before it, nothing on stdout), the status of its kind (2 for a usage error, as argparse's),
-    and nothing written: no --save-dir, no --destdir."""
+    and nothing written: no --save-dir, no --destdir. Several ranks (``--cpu
+    --distributed-world-size 2``; the README's eight-GPU command, with its ``--bf16`` note held
+    back) are refused in the process that would start them; a split whose source and target
+    counts differ (binarized by plain fairseq) is refused before fairseq-train or -generate logs."""
     from concurrent.futures import ThreadPoolExecutor
 
     env = {k: v for k, v in cli_env().items() if k != "PYTHONWARNINGS"}

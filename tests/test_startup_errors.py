@@ -1,7 +1,8 @@
 """Inputs that cannot work are one line naming the flag or the file, before fairseq-train
 creates ``--save-dir``: a mistyped ``--arch`` (fairseq alone: 116 lines of usage), a
 ``--restore-file`` that is no checkpoint (96 lines of start-up log first), a truncated
-``.bin`` (a 135-line traceback at the first batch, naming no file). Each leaves no
+``.bin`` (a 135-line traceback at the first batch, naming no file), a split whose source and
+target hold different numbers of examples (an assertion naming no file). Each leaves no
 ``checkpoints/...`` folder behind."""
 
 import os
@@ -125,6 +126,39 @@ def test_only_the_named_splits_are_checked(tmp_path):
     data_dir_checks.check_split_binaries(str(tmp_path), ["train", "valid"])
     with pytest.raises(DataError, match="test.en-de.en.bin is truncated"):
         data_dir_checks.check_split_binaries(str(tmp_path), ["train", "test"])
+
+
+def test_a_splits_source_and_target_must_hold_as_many_examples(tmp_path):
+    """``check_pair_counts`` counts each pair's examples with fairseq's own index readers (mmap
+    and the legacy format): equal counts pass; one short is named with both files and counts, in
+    a shard of the train split (``train1``: read only where the split combines its shards), in a
+    pair stored the other way round (``valid.de-en``) and in the legacy format. A split with no
+    target side, and another language pair, pass; without --source-lang the pair is fairseq's guess."""
+    from types import SimpleNamespace
+
+    d = str(tmp_path)
+    for prefix, rows in (("train.en-de.en", 3), ("train.en-de.de", 3), ("train1.en-de.en", 3), ("train1.en-de.de", 2),
+                         ("valid.de-en.en", 2), ("valid.de-en.de", 1), ("test.en-de.en", 2),
+                         ("valid.en-fr.en", 2), ("valid.en-fr.fr", 1)):
+        _write_dataset(os.path.join(d, prefix), [[5, 6]] * rows)
+    task = SimpleNamespace(data=d, source_lang="en", target_lang="de")
+    data_dir_checks.check_pair_counts(task, "train")  # train alone: 3 and 3
+    data_dir_checks.check_pair_counts(task, "test")  # no target side: fairseq reads the source alone
+    with pytest.raises(DataError, match=f"^{d}/train1.en-de.en.idx has 3 examples but {d}/train1.en-de.de.idx has 2: "):
+        data_dir_checks.check_pair_counts(task, "train", combine=True)
+    with pytest.raises(DataError, match=f"^{d}/valid.de-en.en.idx has 2 examples but {d}/valid.de-en.de.idx has 1"):
+        data_dir_checks.check_pair_counts(task, "valid")
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    for lang, rows in (("en", 4), ("de", 3)):
+        builder = indexed_dataset.IndexedDatasetBuilder(str(legacy / f"test.en-de.{lang}.bin"))
+        for _ in range(rows):
+            builder.add_item(torch.tensor([5, 6]))
+        builder.finalize(str(legacy / f"test.en-de.{lang}.idx"))
+    guessed = SimpleNamespace(data=str(legacy), source_lang=None, target_lang=None)
+    assert data_dir_checks.language_pair(guessed) in (("en", "de"), ("de", "en"))
+    with pytest.raises(DataError, match="test.en-de.(en|de).idx has (4|3) examples but .*test.en-de.(de|en).idx has"):
+        data_dir_checks.check_pair_counts(guessed, "test")
 
 
 def test_restore_file_check_passes_checkpoints_and_leaves_missing_files_to_fairseq(tmp_path):

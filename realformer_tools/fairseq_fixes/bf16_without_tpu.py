@@ -55,6 +55,10 @@ logger = logging.getLogger(__name__)
 
 _FIXED = "__realformer_fixed__"
 
+# on a log record: a note on the command line, logged while fairseq parses it; the launcher holds it
+# until the command logs its own first line (an input refused before that stays the only line printed)
+COMMAND_LINE_NOTE = "realformer_command_line_note"
+
 FP16_ON_CPU = (
     "--fp16 trains on CUDA GPUs only (fairseq 0.12's loss scaler calls CUDA when a gradient "
     "overflows); on CPU use --bf16 or --memory-efficient-bf16"
@@ -84,7 +88,8 @@ def bf16_without_tpu(parse_args_and_arch):
                     "decodes in float32 as fairseq does (the launcher's --bf16-decoding casts the model)")
             logger.info("--bf16 without a TPU (%s): %s on this device; fairseq 0.12 alone would turn --bf16 into "
                         "--tpu (realformer_tools.fairseq_fixes.bf16_without_tpu)",
-                        "--cpu" if getattr(parsed, "cpu", False) else "no TPU library installed", what)
+                        "--cpu" if getattr(parsed, "cpu", False) else "no TPU library installed", what,
+                        extra={COMMAND_LINE_NOTE: True})
         if input_args is None:  # a command line being run (sys.argv), not a parse by library code
             refuse_fp16_training_on_cpu(parsed)
         return result

@@ -14,7 +14,9 @@ Fixes: ``setup_task`` first checks the first data path, and every indexed datase
 opens (``indexed_dataset.make_dataset``, through which ``load_indexed_dataset`` opens each
 split of every task) first has its ``.bin`` checked against the size its ``.idx``
 expects (:func:`check_binary`); both raise an error the CLIs print as one line naming
-the file. ``train_preflight`` runs the same checks before fairseq-train creates --save-dir.
+the file. ``train_preflight`` runs the same checks before fairseq-train creates --save-dir,
+and :func:`check_pair_counts` (a split's source and target hold as many examples) there and
+before fairseq-generate and fairseq-validate log anything.
 
 When it is no longer needed: ``fairseq-train /nonexistent --task translation ...``
 prints one line naming the path with the patch uninstalled, and so does a training run
@@ -22,13 +24,14 @@ on a data dir whose ``train.*.bin`` lost its last bytes.
 """
 
 import glob
+import itertools
 import os
 import re
 import struct
 
 import numpy as np
 from fairseq import utils
-from fairseq.data import indexed_dataset
+from fairseq.data import data_utils, indexed_dataset
 from fairseq.tasks.translation import TranslationTask
 
 from realformer_nmt.errors import ConfigError, DataError
@@ -103,6 +106,68 @@ def check_split_binaries(data, splits):
             prefix = idx[: -len(".idx")]
             if wanted.fullmatch(os.path.basename(idx).split(".")[0]) and os.path.isfile(prefix + ".bin"):
                 check_binary(prefix)
+
+
+def example_count(prefix):
+    """How many examples the indexed dataset ``<prefix>.idx`` holds, as fairseq's own index
+    readers count them (None for a format without such an index)."""
+    impl = indexed_dataset.infer_dataset_impl(prefix)
+    try:
+        if impl == "mmap":
+            return len(indexed_dataset.MMapIndexedDataset.Index(prefix + ".idx"))
+        if impl in ("lazy", "cached"):
+            return len(indexed_dataset.IndexedDataset(prefix))
+    except (ValueError, AssertionError, struct.error) as exc:
+        raise DataError(f"{prefix}.idx is truncated or corrupt (binarize the corpus again)") from exc
+    return None
+
+
+def language_pair(task):
+    """(source, target) as ``TranslationTask.setup_task`` settles them: the task's
+    --source-lang/--target-lang, else fairseq's guess from the first data path's file names."""
+    src, tgt = getattr(task, "source_lang", None), getattr(task, "target_lang", None)
+    path = utils.split_paths(task.data)[0]
+    if (src is None or tgt is None) and "://" not in path and os.path.isdir(path):
+        src, tgt = data_utils.infer_language_pair(path)
+    return src, tgt
+
+
+def pair_prefixes(path, split, src, tgt, combine):
+    """The ``(source, target)`` file prefixes ``load_langpair_dataset`` reads for ``split``
+    in ``path`` (its shards ``split1``, ``split2``, ... too where it combines them)."""
+    for k in itertools.count():
+        split_k = split + (str(k) if k else "")
+        for a, b in ((src, tgt), (tgt, src)):  # fairseq's order: src-tgt, then tgt-src
+            base = os.path.join(path, f"{split_k}.{a}-{b}.")
+            if os.path.isfile(base + src + ".idx") and os.path.isfile(base + src + ".bin"):
+                yield base + src, base + tgt
+                break
+        else:
+            return
+        if not combine:
+            return
+
+
+def check_pair_counts(task, split, combine=False):
+    """Raise DataError naming both files and both counts when ``split``'s source and target
+    ``.idx`` hold different numbers of examples (fairseq's LanguagePairDataset would stop on
+    an assertion naming no file). ``combine``: the training split, read from every data path
+    (one per epoch) with its shards; otherwise the first path, as fairseq reads it."""
+    src, tgt = language_pair(task)
+    if not (src and tgt):
+        return
+    paths = utils.split_paths(task.data)
+    for path in paths if combine else paths[:1]:
+        if "://" in path or not os.path.isdir(path):
+            continue
+        for source, target in pair_prefixes(path, split, src, tgt, combine):
+            if not (os.path.isfile(target + ".idx") and os.path.isfile(target + ".bin")):
+                continue  # no target side (source-only data): fairseq reads the source alone
+            n, m = example_count(source), example_count(target)
+            if None not in (n, m) and n != m:
+                raise DataError(f"{source}.idx has {n} examples but {target}.idx has {m}: a split's source and "
+                                "target must pair line for line (binarize them again from text files of equal "
+                                "line counts)")
 
 
 def checked_make_dataset(make_dataset):
