@@ -208,6 +208,17 @@ def test_prepare_data_cli_bad_raw_dir_is_one_line(tmp_path):
     assert not (tmp_path / "dest").exists()
 
 
+@pytest.mark.parametrize("typed", ["realformer-prepare-data", "prepare_data.py"])
+def test_its_errors_begin_with_the_command_the_user_typed(tmp_path, typed):
+    """As the wheel's console command its one-line errors begin ``realformer-prepare-data:
+    error:``, from a checkout ``prepare_data.py: error:``: the name argparse gives its own usage
+    errors (``sys.argv[0]``'s basename), for the project's checks and argparse's alike."""
+    argv0 = SCRIPT if typed.endswith(".py") else None  # None: <venv>/bin/realformer-prepare-data
+    for args in (["--corpus", "multi30k", "--raw-dir", "/nonexistent", "--dest", tmp_path / "dest"], ["--bogus"]):
+        proc = run_in_process("realformer-prepare-data", *args, check=False, cwd=REPO, fixes=False, argv0=argv0)
+        assert proc.returncode == 2 and proc.stderr.splitlines()[-1].startswith(f"{typed}: error: "), proc.stderr
+
+
 def test_prepare_data_cli_help():
     """The script as a user runs it, in its own process."""
     env = dict(os.environ, REALFORMER_NMT_DATA_FIXES="0")

@@ -72,9 +72,19 @@ def install_fairseq_fixes():
     install_for_good()
 
 
+def program(script):
+    """The name a command's errors begin with, as argparse's own do (``sys.argv[0]``'s
+    basename): the console command the user typed (``realformer-prepare-data``), else
+    ``script`` (``prepare_data.py``: run from a checkout or with ``python -m``, or its
+    ``main(argv)`` called by a program)."""
+    typed = os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "")
+    return typed if typed.startswith("realformer-") else script
+
+
 def fail(name, message, status=2):
-    """Print ``<name>: error: <message>`` (argparse's one-line form) to stderr; return ``status``."""
-    print(f"{name}: error: {message}", file=sys.stderr)
+    """Print ``<program>: error: <message>`` (argparse's one-line form; ``program(name)``) to
+    stderr; return ``status``."""
+    print(f"{program(name)}: error: {message}", file=sys.stderr)
     return status
 
 

@@ -26,7 +26,7 @@ import platform
 import sys
 import time
 
-from ._common import comma_list, exit_zero
+from ._common import comma_list, exit_zero, fail
 
 SIZE_NAMES = ("iwslt", "base", "big", "toy")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -103,9 +103,8 @@ def main(argv=None):
                                                and (device.startswith("cuda") or k != "triton")]
     unknown = [v for v in variants if v not in benchmark.VARIANTS]
     if unknown:
-        print(f"benchmark_speed.py: error: --variants: unknown {', '.join(unknown)} "
-              f"(choose from {', '.join(benchmark.VARIANTS)})", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(fail("benchmark_speed.py", f"--variants: unknown {', '.join(unknown)} "
+                      f"(choose from {', '.join(benchmark.VARIANTS)})"))
     settings = dict(variants=variants, device=device, memory=not args.no_memory,
                     **{k: getattr(args, k) for k in SETTINGS if k not in ("variants", "device", "memory")})
     before = None

@@ -9,10 +9,10 @@ of them saying which name was meant.
 Fix: ``options.add_model_args`` is wrapped (fairseq-train builds its parser after
 ``--user-dir`` loaded the plugin) so that ``--arch``'s choices are :class:`ArchChoices`:
 the same registered names, whose membership test raises a
-:class:`~realformer_nmt.errors.FlagValueError` (printed as one line, exit status 1) for a
-name that is not registered, with up to three suggestions (names that start with or
-contain it first, their family names before the variants, then ``difflib``'s close
-matches; a few common names when none is close). A registered
+:class:`~realformer_nmt.errors.FlagValueError` (printed as one line, exit status 2, as
+argparse's usage errors) for a name that is not registered, with up to three suggestions
+(names that start with or contain it first, their family names before the variants, then
+``difflib``'s close matches; a few common names when none is close). A registered
 name passes exactly as before (argparse stores the string), and ``--help`` is unchanged
 (``--arch`` shows its metavar ``ARCH``). Without the fixes (fairseq's own command, not
 through the launcher), with or without ``--user-dir``, fairseq prints its own usage (exit

@@ -17,7 +17,8 @@ DRY_RUN_OUT = os.path.join("runs", "gpu_check_dry_run", "out")
 SECTIONS = ("speed", "exactness", "train", "ddp", "tests")
 # the whole command's default budget: one device command may run 10 minutes; the device script
 # (BUDGET 570 s) gives set-up up to SETUP_SECONDS (gpu_machine_setup.sh measured 28 s and 37 s on an
-# H100) and keeps 15 s for packing the logs: the sections get at least 570 - 60 - 15
+# H100) and keeps 15 s for packing the logs: the sections get 570 less the seconds spent before them
+# (nvidia-smi, set-up, torch's and Triton's import) less 15, about 570 - 60 - 15 after a full set-up
 SETUP_SECONDS = 60
 BUDGET_SECONDS = 495
 # precision -> fairseq-train flags
