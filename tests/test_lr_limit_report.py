@@ -104,3 +104,33 @@ def test_committed_grid_report_carries_the_best_rate_comparison():
     assert data["best_rate"] == json.loads(json.dumps(stability.best_rates(data["grid"])))
     md = (RESULTS / "lr_limit_depth6.md").read_text()
     assert "## Each backbone at its best learning rate" in md and "## Wall time of every run, and resumes" in md
+
+
+def test_cells_name_the_grid_cells_that_train_and_bad_ones_are_one_line(capsys):
+    from realformer_tools.cli import compare_backbones as cli
+
+    base = ["--data", "d", "--out", "o", "--stability-limit", "--depths", "6", "--lrs", "1e-3,2e-3,4e-3",
+            "--backbones", "postln,realformer,preln", "--seeds", "4,5"]
+    args = cli.parse_args(base + ["--cells", "2e-3:postln,0.002:realformer,4e-3:preln"])
+    assert args.cells == {(2e-3, "postln"), (2e-3, "realformer"), (4e-3, "preln")}
+    assert stability._in_cells((0.002, "postln"), args.cells) and not stability._in_cells((1e-3, "postln"), args.cells)
+    for bad, said in (("8e-3:postln", "is not one of --lrs"), ("2e-3:realformer_preln", "is not one of --backbones"),
+                      ("postln", "is not LR:BACKBONE")):
+        with pytest.raises(SystemExit) as exit_:
+            cli.parse_args(base + ["--cells", bad])
+        assert exit_.value.code == 2 and said in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--data", "d", "--out", "o", "--cells", "1e-3:postln"])
+    assert "--cells applies to --stability-limit only" in capsys.readouterr().err
+
+
+def test_a_grid_with_cells_says_which_cells_have_which_seeds():
+    data = json.loads((RESULTS / "lr_limit_depth6.json").read_text())
+    cells = data["recipe"].get("cells")
+    line = stability._seeds_line(data)
+    if cells:  # the ten-seed cells of the committed study
+        assert f"asked for in {len(cells)} cells" in line and "each cell lists its own" in line
+    data["recipe"]["cells"] = [{"lr": 0.002, "backbone": "realformer"}]
+    assert "asked for in 1 cells (realformer at 0.002)" in stability._seeds_line(data)
+    del data["recipe"]["cells"]
+    assert stability._seeds_line(data) == f"seeds {data['recipe']['seeds']}"

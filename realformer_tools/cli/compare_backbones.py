@@ -262,6 +262,10 @@ def parse_args(argv=None):
                        help="a finished run is 'lagging' when its best valid loss is more than this above the "
                             "lowest best valid loss of the study's finished runs of the same seed (every backbone, "
                             "lr and depth of --lr-sweep, --depth-stress or --stability-limit) (default: %(default)s)")
+    stress.add_argument("--cells", type=comma_list(str), default=None, metavar="LR:BACKBONE,...",
+                        help="with --stability-limit: only these cells of the grid train at --seeds (e.g. "
+                             "2e-3:postln,2e-3:realformer); the other cells are reported with the runs they have, "
+                             "and only these count as missing (default: every cell)")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: write the results of the runs finished so far (the main comparison and "
                         "--stability-limit); missing runs are listed in the JSON's progress and marked 'not run'. "
@@ -294,6 +298,8 @@ def parse_args(argv=None):
     for b in args.backbones:
         if b not in VARIANTS:
             p.error(f"--backbones: unknown backbone {b!r} (choose from {', '.join(VARIANTS)})")
+    if args.cells is not None:
+        args.cells = _grid_cells(p, args)
     if args.max_update is None:
         args.max_update = 1200 if deep else 1800
     if deep:
@@ -309,6 +315,27 @@ def parse_args(argv=None):
     if args.no_fp16 and args.device != "cuda":
         p.error("--no-fp16 only applies to --device cuda")
     return args
+
+
+def _grid_cells(p, args):
+    """``--cells`` as ``{(lr, backbone)}``, each a cell of the grid (refused in one line otherwise)."""
+    if not args.stability_limit:
+        p.error("--cells applies to --stability-limit only")
+    cells = set()
+    for cell in args.cells:
+        lr, _, backbone = cell.partition(":")
+        try:
+            value = float(lr)
+        except ValueError:
+            value = None
+        if value is None or not backbone:
+            p.error(f"--cells: {cell!r} is not LR:BACKBONE (e.g. 2e-3:postln)")
+        if not any(abs(value - x) <= 1e-12 * max(abs(x), 1.0) for x in args.lrs):
+            p.error(f"--cells: {cell!r}: {lr} is not one of --lrs ({','.join(f'{x:g}' for x in args.lrs)})")
+        if backbone not in args.backbones:
+            p.error(f"--cells: {cell!r}: {backbone} is not one of --backbones ({','.join(args.backbones)})")
+        cells.add((value, backbone))
+    return cells
 
 
 def main(argv=None):
@@ -352,7 +379,7 @@ def study(args):
     if args.stability_limit:
         return compare.stability_markdown(compare.stability_limit(
             args.data, args.out, recipe, args.lrs, depth=args.depths[0], backbones=args.backbones,
-            margin=args.divergence_margin, report_only=args.report_only, **common))
+            margin=args.divergence_margin, report_only=args.report_only, cells=args.cells, **common))
     if args.path_ablation:
         return compare.ablation_markdown(compare.path_ablation(
             args.data, args.out, recipe, bootstrap_samples=args.bootstrap_samples, **common))

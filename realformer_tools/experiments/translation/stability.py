@@ -37,6 +37,11 @@ STABILITY_LRS = (1e-3, 5e-4, 2.5e-4)
 STABILITY_REFERENCE = "the lowest best valid loss of the grid's finished runs (every lr and backbone) of the same seed"
 
 
+def _in_cells(cell, cells):
+    lr, b = cell
+    return any(math.isclose(lr, c_lr) and b == c_b for c_lr, c_b in cells)
+
+
 def run_dir(out, depth, lr, recipe_lr, backbone, seed):
     """Where one grid run lives: the depth test's folder at the recipe's own learning rate."""
     base = out if math.isclose(lr, recipe_lr) else os.path.join(out, f"lr{lr:g}")
@@ -45,12 +50,15 @@ def run_dir(out, depth, lr, recipe_lr, backbone, seed):
 
 def stability_limit(data, out, recipe, lrs=STABILITY_LRS, depth=12, backbones=STABILITY_BACKBONES, seeds=(1, 2),
                     margin=1.0, residual_mode="sum", references=None, results_path=None, machine_note="",
-                    threads=None, log=print, title=None, jobs=1, report_only=False):
+                    threads=None, log=print, title=None, jobs=1, report_only=False, cells=None):
     """Train every backbone at ``depth+depth`` layers at every learning rate in ``lrs``
     (``recipe.layers`` and the peak lr replaced, nothing else changes); write the backbone x
     lr grid (JSON, MD, PNG). Each cell keeps the depth test's per-backbone record
     (``bleu_per_seed``, ``status_per_seed``, ...) and the seed-paired BLEU differences to
-    Post-LN and Pre-LN at the same learning rate. Returns the summary dict."""
+    Post-LN and Pre-LN at the same learning rate. ``cells`` (``{(lr, backbone)}``, None: every
+    cell): the cells that train at ``seeds``; every other cell of the grid is reported with the runs
+    it has (finished or imported), and only the asked-for cells count as missing. Returns the
+    summary dict."""
     check_backbones(backbones)
     lrs = sorted({float(lr) for lr in lrs}, reverse=True)
     if not lrs or lrs[-1] <= 0:
@@ -62,19 +70,27 @@ def stability_limit(data, out, recipe, lrs=STABILITY_LRS, depth=12, backbones=ST
     deep = replace(recipe, layers=depth)
     specs = [((lr, b, seed), b, seed, run_dir(out, depth, lr, recipe.lr, b, seed), deep, lr)
              for seed in seeds for lr in lrs for b in backbones]
-    runs = train_all(specs, data, references, recipe, residual_mode, threads, jobs, log, "stability", report_only)
+    asked = [spec for spec in specs if cells is None or _in_cells(spec[0][:2], cells)]
+    runs = train_all(asked, data, references, recipe, residual_mode, threads, jobs, log, "stability", report_only)
+    others = [spec for spec in specs if spec not in asked]
+    if others:  # the grid's other cells: the runs they have, nothing trained and nothing missing
+        found = train_all(others, data, references, recipe, residual_mode, threads, jobs, log, "stability", True)
+        runs.update({k: r for k, r in found.items() if r is not None})
+    runs = {spec[0]: runs[spec[0]] for spec in specs if spec[0] in runs}
     reference = best_loss_per_seed(runs.values(), seeds)
     grid = {}
     for lr in lrs:
         row = {}
         for b in backbones:
-            rs = [runs[(lr, b, seed)] for seed in seeds if runs[(lr, b, seed)] is not None]
+            rs = [runs[(lr, b, seed)] for seed in seeds if runs.get((lr, b, seed)) is not None]
             row[b] = outcome_entry(rs, b, residual_mode, reference, margin) if rs else None
         grid[f"{lr:g}"] = add_seed_paired(row)
     add_corrected(grid)
     signatures = {r["signature"] for r in runs.values() if r is not None and r["signature"]}
     record = recipe_record(deep, data, references, backbones, residual_mode, seeds)
     record["note"] = f"--encoder-layers and --decoder-layers are {depth}; `--lr` replaced per column by lrs"
+    if cells is not None:
+        record["cells"] = [{"lr": lr, "backbone": b} for lr, b in sorted(cells, key=lambda c: (-c[0], c[1]))]
     summary = {
         "title": title or corpus_info(data)["title"],
         "study": "stability_limit",
@@ -249,6 +265,17 @@ def wall_time_lines(summary):
     return lines + [""]
 
 
+def _seeds_line(summary):
+    """``seeds [1, 2, 3]``, or with ``--cells`` which cells have which seeds."""
+    seeds, cells = summary["recipe"]["seeds"], summary["recipe"].get("cells")
+    if not cells:
+        return f"seeds {seeds}"
+    named = ", ".join(f"{c['backbone']} at {c['lr']:g}" for c in cells)
+    counts = sorted({len(e["seeds"]) for row in summary["grid"].values() for e in row.values() if e})
+    return (f"seeds {seeds} asked for in {len(cells)} cells ({named}), the other cells with the seeds they were run "
+            f"with (a cell's seeds: {', '.join(map(str, counts))}; each cell lists its own)")
+
+
 def stability_markdown(summary):
     backbones, depth = summary["backbones"], summary["depth"]
     settings = summary["recipe"]["settings"]
@@ -256,7 +283,7 @@ def stability_markdown(summary):
     lines = [f"# {summary['title']}: learning-rate limit at {depth}+{depth} layers", ""] + not_run_lines(summary) + [
              f"The depth stress recipe ({depth}+{depth} layers, d={settings['embed_dim']}, FFN {settings['ffn_dim']}, "
              f"{settings['heads']} heads, {settings['warmup_updates']} warmup updates, {settings['max_update']} "
-             f"updates) at each peak learning rate; seeds {summary['recipe']['seeds']}. Grid cell: outcome per "
+             f"updates) at each peak learning rate; {_seeds_line(summary)}. Grid cell: outcome per "
              "seed; test BLEU per seed.", "",
              "| backbone | " + " | ".join(f"lr {lr}" for lr in lrs) + " |", "| --- |" + " --- |" * len(lrs)]
     for b in backbones:
