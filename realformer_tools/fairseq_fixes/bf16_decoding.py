@@ -32,9 +32,11 @@ import torch
 from fairseq.models.fairseq_model import BaseFairseqModel
 from fairseq_cli import eval_lm, generate, interactive
 
+from .seams import FIXED as _FIXED
+from .seams import install_seams, uninstall_seams
+
 logger = logging.getLogger(__name__)
 
-_FIXED = "__realformer_fixed__"
 # True while an inference command whose command line has --bf16 (not --fp16) runs
 _BF16_INFERENCE = contextvars.ContextVar("realformer_bf16_inference", default=False)
 
@@ -95,13 +97,9 @@ CHANGES = "fairseq-generate/-interactive/-eval-lm --bf16 decode in bfloat16 (fai
 
 
 def install():
-    for owner, name, fix in _SEAMS:
-        if not getattr(getattr(owner, name), _FIXED, False):
-            setattr(owner, name, fix(getattr(owner, name)))
+    install_seams(_SEAMS)
 
 
 def uninstall():
     """Restore fairseq's own functions (tests use this to see what fairseq does alone)."""
-    for owner, name, _ in _SEAMS:
-        if getattr(getattr(owner, name), _FIXED, False):
-            setattr(owner, name, getattr(owner, name).__wrapped__)
+    uninstall_seams(_SEAMS)

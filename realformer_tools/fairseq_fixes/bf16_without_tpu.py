@@ -51,9 +51,10 @@ from fairseq.trainer import Trainer
 
 from realformer_nmt.errors import ConfigError
 
-logger = logging.getLogger(__name__)
+from .seams import FIXED as _FIXED
+from .seams import install_seams, uninstall_seams
 
-_FIXED = "__realformer_fixed__"
+logger = logging.getLogger(__name__)
 
 # on a log record: a note on the command line, logged while fairseq parses it; the launcher holds it
 # until the command logs its own first line (an input refused before that stays the only line printed)
@@ -154,13 +155,9 @@ CHANGES = ("--bf16 without a TPU trains in bfloat16 (GPU or CPU) instead of aski
 
 
 def install():
-    for owner, name, fix in _SEAMS:
-        if not getattr(getattr(owner, name), _FIXED, False):
-            setattr(owner, name, fix(getattr(owner, name)))
+    install_seams(_SEAMS)
 
 
 def uninstall():
     """Restore fairseq's own functions (tests use this to see what fairseq does alone)."""
-    for owner, name, _ in _SEAMS:
-        if getattr(getattr(owner, name), _FIXED, False):
-            setattr(owner, name, getattr(owner, name).__wrapped__)
+    uninstall_seams(_SEAMS)
