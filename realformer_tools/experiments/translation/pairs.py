@@ -10,7 +10,7 @@ comparisons, the mean of the sets and the best validation loss for the pairs."""
 from .intervals import corrected_interval
 from .recipe import VALUE_RESIDUAL_PAIRS
 from .report import seed_paired_cell
-from .stats import TEST_SET_KEY, over_test_sets, seed_paired
+from .stats import add_paired_records, seed_paired
 
 REFERENCES = ("postln", "preln")  # compared by stats.add_seed_paired / add_test_set_paired already
 
@@ -23,18 +23,7 @@ def present(entries, pairs=VALUE_RESIDUAL_PAIRS):
 def _paired(e, ref, ref_name):
     """The seed-paired records of entry ``e`` against ``ref`` (another backbone's entry)."""
     e[f"seed_paired_vs_{ref_name}"] = seed_paired(e["bleu_per_seed"], ref["bleu_per_seed"], e["seeds"], ref["seeds"])
-    e[f"seed_paired_valid_loss_vs_{ref_name}"] = seed_paired(e["valid_loss_per_seed"], ref["valid_loss_per_seed"],
-                                                             e["seeds"], ref["seeds"], digits=3)
-    if TEST_SET_KEY in e and TEST_SET_KEY in ref:
-        by_set = {}
-        for name, values in e[TEST_SET_KEY].items():
-            if name in ref[TEST_SET_KEY]:
-                record = seed_paired(values, ref[TEST_SET_KEY][name], e["seeds"], ref["seeds"])
-                if record["per_seed"]:
-                    by_set[name] = record
-        e[f"seed_paired_vs_{ref_name}_by_test_set"] = by_set
-        if len(by_set) >= 2:
-            e[f"seed_paired_vs_{ref_name}_over_test_sets"] = over_test_sets(by_set)
+    add_paired_records(e, ref, ref_name)
 
 
 def _correct(record, comparisons, digits=2):

@@ -173,24 +173,29 @@ def add_test_set_paired(entries):
         if ref is None:
             continue
         for b, e in entries.items():
-            if e is None or b == reference:
-                continue
-            e[f"seed_paired_valid_loss_vs_{reference}"] = seed_paired(
-                e["valid_loss_per_seed"], ref["valid_loss_per_seed"], e["seeds"], ref["seeds"], digits=3)
-            if TEST_SET_KEY not in e or TEST_SET_KEY not in ref:
-                continue
-            by_set = {}
-            for name, values in e[TEST_SET_KEY].items():
-                if name in ref[TEST_SET_KEY]:
-                    record = seed_paired(values, ref[TEST_SET_KEY][name], e["seeds"], ref["seeds"])
-                    if record["per_seed"]:
-                        by_set[name] = record
-            e[f"seed_paired_vs_{reference}_by_test_set"] = by_set
-            if len(by_set) >= 2:
-                e[f"seed_paired_vs_{reference}_over_test_sets"] = over_test_sets(by_set)
-            else:
-                e.pop(f"seed_paired_vs_{reference}_over_test_sets", None)
+            if e is not None and b != reference:
+                add_paired_records(e, ref, reference)
     return entries
+
+
+def add_paired_records(e, ref, name):
+    """Entry ``e``'s valid-loss and per-test-set seed-paired records against entry ``ref``, named
+    ``..._vs_<name>`` (``add_test_set_paired``)."""
+    e[f"seed_paired_valid_loss_vs_{name}"] = seed_paired(
+        e["valid_loss_per_seed"], ref["valid_loss_per_seed"], e["seeds"], ref["seeds"], digits=3)
+    if TEST_SET_KEY not in e or TEST_SET_KEY not in ref:
+        return
+    by_set = {}
+    for test_set, values in e[TEST_SET_KEY].items():
+        if test_set in ref[TEST_SET_KEY]:
+            record = seed_paired(values, ref[TEST_SET_KEY][test_set], e["seeds"], ref["seeds"])
+            if record["per_seed"]:
+                by_set[test_set] = record
+    e[f"seed_paired_vs_{name}_by_test_set"] = by_set
+    if len(by_set) >= 2:
+        e[f"seed_paired_vs_{name}_over_test_sets"] = over_test_sets(by_set)
+    else:
+        e.pop(f"seed_paired_vs_{name}_over_test_sets", None)
 
 
 def test_set_entries(entry, results, names):
