@@ -94,7 +94,7 @@ def test_generate_translates_every_sentence(data, checkpoint, subset):
     leaves the last ``len % 8`` out (fairseq issue 5036: this test fails once it does not)."""
     path, _ = checkpoint
     args = [data, "--user-dir", USER_DIR, "--path", path, "--gen-subset", subset, "--beam", 1,
-            "--batch-size", 64, "--cpu"]
+            "--batch-size", 64, "--cpu", "--max-len-a", 0, "--max-len-b", 10]  # untrained: short hypotheses
     launched = run("fairseq-generate", *args)
     assert _hypotheses(launched.stdout) == TEST_SIZES[subset]
     assert re.search(r"\| fairseq fixes: [^\n]*\bkeep_last_batch\b", launched.stdout)
