@@ -16,16 +16,14 @@
 
 import json
 import random
-import subprocess
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from cli_helpers import command
-from conftest import cli_env
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
+from inprocess import run_in_process
 
 from realformer_nmt.errors import DataError
 from realformer_nmt.tasks.masked_lm_nsp import MaskedLMNextSentenceTask, MaskedLMNSPConfig
@@ -180,19 +178,16 @@ def probe_run(data, tmp_path, task, workers):
     out = tmp_path / f"{task}_{workers}.jsonl"
     criterion = "masked_lm_nsp_probe" if task == "masked_lm_nsp" else "masked_lm_acc_probe"
     extra = ["--sample-break-mode", "complete"] if task == "masked_lm" else []
-    env = dict(cli_env(), EPOCH_PROBE_OUT=str(out))
     # masked_lm_nsp is right by default: plain fairseq-train, no fixes; fairseq's masked_lm
-    # needs the data fixes: through the launcher with --data-fixes
+    # needs the data fixes: through the launcher with --data-fixes. In this process
+    # (tests/inprocess.py: the console command's function, its DataLoader workers forked from here)
     launch = dict(fixes=False) if task == "masked_lm_nsp" else dict(data_fixes=True)
-    proc = subprocess.run(
-        command("fairseq-train", data, "--user-dir", PROBE, "--task", task, "--criterion", criterion,
-                "--arch", "realformer_bert_small", "--encoder-layers", "1", "--encoder-embed-dim", "16",
-                "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--tokens-per-sample", "32",
-                "--batch-size", "8", "--optimizer", "adam", "--lr", "1e-4", "--max-epoch", "3", "--cpu",
-                "--num-workers", workers, "--disable-validation", "--no-save", "--seed", "1",
-                "--log-format", "simple", *extra, **launch),
-        capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_in_process("fairseq-train", data, "--user-dir", PROBE, "--task", task, "--criterion", criterion,
+                   "--arch", "realformer_bert_small", "--encoder-layers", "1", "--encoder-embed-dim", "16",
+                   "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--tokens-per-sample", "32",
+                   "--batch-size", "8", "--optimizer", "adam", "--lr", "1e-4", "--max-epoch", "3", "--cpu",
+                   "--num-workers", workers, "--disable-validation", "--no-save", "--seed", "1",
+                   "--log-format", "simple", *extra, env={"EPOCH_PROBE_OUT": out}, **launch)
     per_epoch = defaultdict(dict)  # the k-th time a sample is seen is epoch k
     seen = defaultdict(int)
     for line in out.read_text().splitlines():
@@ -259,16 +254,14 @@ def test_pretraining_resumed_at_an_epoch_end_is_bit_identical(short_lines, tmp_p
     extra = ["--sample-break-mode", "complete"] if task == "masked_lm" else []
 
     def train(save_dir, max_epoch):
-        env = dict(cli_env(), EPOCH_PROBE_OUT=str(tmp_path / "probe.jsonl"))
-        proc = subprocess.run(  # through the launcher, with the data fixes (resume_batches)
-            command("fairseq-train", short_lines, "--user-dir", PROBE, "--task", task,
-                    "--criterion", criterion, "--arch", "realformer_bert_small", "--encoder-layers", "1",
-                    "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
-                    "--tokens-per-sample", "32", "--batch-size", "8", "--optimizer", "adam", "--lr", "1e-3",
-                    "--max-epoch", max_epoch, "--cpu", "--disable-validation", "--no-epoch-checkpoints",
-                    "--save-dir", save_dir, "--seed", "1", "--log-format", "simple", *extra, data_fixes=True),
-            capture_output=True, text=True, env=env, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        proc = run_in_process(  # through the launcher, with the data fixes (resume_batches); in this process
+            "fairseq-train", short_lines, "--user-dir", PROBE, "--task", task,
+            "--criterion", criterion, "--arch", "realformer_bert_small", "--encoder-layers", "1",
+            "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
+            "--tokens-per-sample", "32", "--batch-size", "8", "--optimizer", "adam", "--lr", "1e-3",
+            "--max-epoch", max_epoch, "--cpu", "--disable-validation", "--no-epoch-checkpoints",
+            "--save-dir", save_dir, "--seed", "1", "--log-format", "simple", *extra, data_fixes=True,
+            env={"EPOCH_PROBE_OUT": tmp_path / "probe.jsonl"})
         return proc.stdout + proc.stderr
 
     train(tmp_path / "whole", 3)
