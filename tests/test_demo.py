@@ -14,6 +14,7 @@ import sys
 
 import pytest
 from conftest import REPO, cli_env
+from inprocess import run_in_process
 
 from realformer_tools.cli import _demo, run_demo
 
@@ -38,8 +39,15 @@ def demo(cwd, cmd):
 
 
 @pytest.mark.slow
-def test_a_run_its_cap_stops_is_scored_labelled_and_the_printed_command_finishes_it(tmp_path):
-    first, report = demo(tmp_path, [sys.executable, str(SCRIPT), *TINY, "--max-minutes", "0.001"])
+def test_a_run_its_cap_stops_is_scored_labelled_and_the_printed_command_finishes_it(tmp_path, monkeypatch):
+    # the capped run: the script's main in this process (tests/inprocess.py: its argv, cwd and environment
+    # as demo_env gives them, its output captured; the fairseq tools it starts are processes of their own)
+    for name in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS"):
+        monkeypatch.delenv(name, raising=False)
+    first = run_in_process("realformer-demo", *TINY, "--max-minutes", "0.001", check=False, env=demo_env(),
+                           cwd=tmp_path, fixes=False, argv0=SCRIPT)
+    assert first.returncode == 0, first.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "demo.json").read_text())
     assert (report["stopped_early"], report["undertrained"], report["num_updates"]) == (True, True, 1)
     assert isinstance(report["bleu"], float) and report["num_test_sentences"] == 500
     assert report["environment"] == {"REALFORMER_NMT_DATA_FIXES": "1"}  # every test sentence decoded and scored
@@ -51,7 +59,7 @@ def test_a_run_its_cap_stops_is_scored_labelled_and_the_printed_command_finishes
     assert last.endswith(f": {finish}") and shlex.split(finish)[-2:] == ["--max-minutes", "0"]
     assert "0.001" not in finish
 
-    # the printed command, verbatim: continues at update 1 to the end, scored, not labelled
+    # the printed command, verbatim, as a user starts it: continues at update 1 to the end, scored, not labelled
     second, report = demo(tmp_path, shlex.split(finish))
     assert re.search(r"loaded \S*checkpoint_last.pt: continuing at update 1\n", second.stderr)
     assert (report["stopped_early"], report["num_updates"], report["train_runs"]) == (False, 3, 2)
