@@ -15,6 +15,7 @@ import pytest
 import sacrebleu
 from conftest import REPO, cli_env
 from harness_helpers import tiny_recipe
+from inprocess import run_in_process
 
 from realformer_tools.experiments import compare, fairseq_runs
 from realformer_tools.experiments.translation import depth as depth_study
@@ -110,8 +111,13 @@ def test_depth_stress_marks_runs_against_the_best_run_of_the_same_seed(m30k_slic
 # --------------------------------------------------------------------------------------
 
 def _cli(*args):
-    proc = subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True,
-                          env=cli_env(), cwd=REPO)
+    """The script's ``main`` with ``args`` in this process (tests/inprocess.py: its argv, cwd and
+    environment, its output captured, the fixes it installs itself put back afterwards); the fairseq
+    tools it starts are processes of their own as ever. The script started as a user starts it:
+    test_depth_stress_cli_runs_every_depth_and_backbone and test_compare_backbones.py's
+    test_cli_help_and_one_line_errors."""
+    proc = run_in_process("realformer-compare-backbones", *args, check=False, env=cli_env(), cwd=REPO,
+                          fixes=False, argv0=SCRIPT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -150,9 +156,13 @@ def test_path_ablation_then_comparison_share_runs_and_test_against_postln(m30k_s
 
 @pytest.mark.slow
 def test_depth_stress_cli_runs_every_depth_and_backbone(m30k_slice, tmp_path):
-    _cli("--data", m30k_slice, "--out", tmp_path / "depth", "--depth-stress", "--depths", "1,2",
-         "--backbones", "postln,realformer_mean", "--seeds", "1", "--jobs", "2",
-         "--results", tmp_path / "depth.json", *TINY_SIZE_CLI)
+    # the script started as a user starts it (its own process), to its exit status 0
+    proc = subprocess.run([sys.executable, SCRIPT, *map(str, (
+        "--data", m30k_slice, "--out", tmp_path / "depth", "--depth-stress", "--depths", "1,2",
+        "--backbones", "postln,realformer_mean", "--seeds", "1", "--jobs", "2",
+        "--results", tmp_path / "depth.json", *TINY_SIZE_CLI))], capture_output=True, text=True,
+        env=cli_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     d = json.loads((tmp_path / "depth.json").read_text())
     assert set(d["depths"]) == {"1", "2"}
     for depth in ("1", "2"):
