@@ -331,8 +331,10 @@ def test_harness_compares_on_iwslt14_with_tokenized_bleu(prepared, tmp_path):
     recipe = compare.Recipe(layers=1, embed_dim=16, ffn_dim=32, heads=2, max_update=3, warmup_updates=2,
                             max_tokens=2000, beam=1, log_interval=1)
     results = tmp_path / "iwslt.json"
+    # threads=1: one intra-op thread in each fairseq process, as every other harness test gives them (the
+    # default, one per core, spins two threads of a tiny model against each other on the suite's two cores)
     summary = compare.compare(str(dest), str(tmp_path / "out"), recipe, backbones=("postln", "realformer"),
-                              results_path=str(results), log=lambda m: None, bootstrap_samples=50)
+                              results_path=str(results), threads=1, log=lambda m: None, bootstrap_samples=50)
     for backbone in ("postln", "realformer"):
         run = fairseq_runs.read_json(str(tmp_path / "out" / backbone / "seed1" / "result.json"))
         assert run["status"] == "finished" and "--share-decoder-input-output-embed" in run["command"]
