@@ -1,6 +1,9 @@
 """Killed training resumes, checkpoint copies are atomic, and CPU training is deterministic.
 
-All CLI tests go through the real ``fairseq-train`` with ``--arch realformer_transformer``.
+All CLI tests go through the real ``fairseq-train`` with ``--arch realformer_transformer``:
+a run to be killed in a process of its own, the runs that are not (the uninterrupted
+reference, each resume) in the test process (``inprocess.run_in_process``: the launcher's
+``main``, the same command line).
 
 What fairseq 0.12 guarantees when a run is resumed from ``checkpoint_last.pt`` with the
 same command line (measured here: on CPU the resumed run is bit-identical to an
@@ -61,6 +64,7 @@ from cli_helpers import TINY_FLAGS, command
 from conftest import USER_DIR, cli_env, trains
 from fairseq import file_io
 from fairseq.file_io import PathManager
+from inprocess import run_in_process
 from pause_copy.sitecustomize import FOLDER as PAUSE_FOLDER
 from pause_copy.sitecustomize import PAUSE_ENV, PAUSE_MARKER
 
@@ -86,10 +90,20 @@ RESUME_TOLERANCE = 1e-6
 LOADED = re.compile(r"Loaded checkpoint (\S+) \(epoch (\d+) @ (\d+) updates\)")
 
 
+def train_args(data_bin, save_dir, *extra):
+    return [data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer", "--save-dir", save_dir,
+            *RESUME_FLAGS, *extra]
+
+
 def train_cmd(data_bin, save_dir, *extra):
     """fairseq-train through the launcher with its data fixes (the resumed batches of resume_batches)."""
-    return command("fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
-                   "--save-dir", save_dir, *RESUME_FLAGS, *extra, data_fixes=True)
+    return command("fairseq-train", *train_args(data_bin, save_dir, *extra), data_fixes=True)
+
+
+def train_here(data_bin, save_dir, *extra):
+    """The same command in this process (tests/inprocess.py: the launcher's main, its data fixes): a
+    run that is not killed needs no process of its own. Its log is stdout and stderr."""
+    return run_in_process("fairseq-train", *train_args(data_bin, save_dir, *extra), data_fixes=True, check=False)
 
 
 def start(cmd, log_path, env=None):
@@ -135,21 +149,20 @@ def compare(a, b):
 @pytest.fixture(scope="module")
 @trains
 def reference(data_bin, tmp_path_factory):
-    """An uninterrupted run with the resume tests' flags, started early, waited lazily."""
+    """An uninterrupted run with the resume tests' flags (in this process), run when first asked for."""
     save = tmp_path_factory.mktemp("reference")
-    proc = start(train_cmd(data_bin, save, "--save-interval-updates", 10), save / "train.log")
+    done = []
 
     def result():
-        if proc.returncode is None:
-            assert proc.wait(timeout=600) == 0, (save / "train.log").read_text()[-3000:]
+        if not done:
+            proc = train_here(data_bin, save, "--save-interval-updates", 10)
+            assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+            done.append(True)
         state = load(save / "checkpoint_last.pt")
         assert num_updates(state) == MAX_UPDATE
         return state
 
-    yield result
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    return result
 
 
 # --------------------------------------------------------------------------------------
@@ -262,8 +275,8 @@ def test_killed_training_resumes_and_matches_uninterrupted_run(data_bin, tmp_pat
     killed_at = num_updates(load(tmp_path / "checkpoint_last.pt"))
     assert 0 < killed_at < MAX_UPDATE
 
-    # the very same command again, same save directory
-    resumed = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), timeout=600)
+    # the very same command again, same save directory (in this process: it is not killed)
+    resumed = train_here(data_bin, tmp_path, "--save-interval-updates", 5)
     log = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, log[-3000:]
     loaded = LOADED.search(log)
@@ -306,7 +319,7 @@ def test_kill_during_the_copy_onto_checkpoint_last_keeps_the_previous_checkpoint
     assert num_updates(load(tmp_path / "checkpoint_1_10.pt")) == 10
     assert (tmp_path / (last.name + atomic_checkpoints.TMP_SUFFIX)).exists()
 
-    resumed = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), timeout=600)
+    resumed = train_here(data_bin, tmp_path, "--save-interval-updates", 5)  # the same command, in this process
     log = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, log[-3000:]
     loaded = LOADED.search(log)
@@ -350,8 +363,8 @@ def test_kills_at_seeded_random_moments_around_saves_leave_a_loadable_checkpoint
     exactly where an uninterrupted run does.
     """
     rng = random.Random(SOAK_SEED)
-    cmd = train_cmd(data_bin, tmp_path, "--save-interval-updates", 1,
-                    "--keep-interval-updates", 1)
+    flags = ["--save-interval-updates", 1, "--keep-interval-updates", 1]
+    cmd = train_cmd(data_bin, tmp_path, *flags)
     phases, with_temp, resumed_from = [], 0, []
     for kills in range(1, SOAK_KILLS + 1):
         log_path = tmp_path / f"run{kills}.log"
@@ -388,7 +401,7 @@ def test_kills_at_seeded_random_moments_around_saves_leave_a_loadable_checkpoint
         print(f"\nkill {kills} ({target}, +{delay * 1000:.1f} ms): phase {phases[-1]}, "
               f"temp files {leftovers or 'none'}, checkpoint_last at {at} updates")
 
-    resumed = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), timeout=600)
+    resumed = train_here(data_bin, tmp_path, *flags)  # the same command, in this process
     log = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, log[-3000:]
     assert LOADED.search(log), log[-3000:]
@@ -411,28 +424,34 @@ DETERMINISM_RUNS = {  # name: (residual mode, seed)
     "mean-a": ("mean", 1), "mean-b": ("mean", 1),
     "sum-seed2": ("sum", 2),
 }
+SEPARATE = ("sum-a", "mean-a")  # in processes of their own; their twins and the other seed in the test process
 
 
 @pytest.fixture(scope="module")
 @trains
 def determinism_runs(data_bin, tmp_path_factory):
-    """Five 10-update runs, launched together; per-update losses from the JSON log."""
-    procs = {}
+    """Five 10-update runs; per-update losses from the JSON log. Of each same-seed pair one
+    runs in a process of its own and the other in the test process meanwhile (the launcher's
+    main, tests/inprocess.py): two runs, two processes, one command line."""
+    saves = {name: tmp_path_factory.mktemp(name) for name in DETERMINISM_RUNS}
+    procs, here = {}, {}
     for name, (mode, seed) in DETERMINISM_RUNS.items():
-        save = tmp_path_factory.mktemp(name)
-        cmd = command(
-            "fairseq-train", data_bin, "--user-dir", USER_DIR,
-            "--arch", "realformer_transformer", "--residual-attention-mode", mode,
-            *TINY_FLAGS, "--seed", seed, "--max-tokens", 300, "--max-update", 10,
-            "--log-interval", 1, "--log-format", "json", "--disable-validation",
-            "--save-dir", save, data_fixes=True,
-        )
-        procs[name] = (save, start([str(c) for c in cmd], save / "train.log"))
-    results = {}
-    for name, (save, proc) in procs.items():
+        save = saves[name]
+        args = [data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer", "--residual-attention-mode",
+                mode, *TINY_FLAGS, "--seed", seed, "--max-tokens", 300, "--max-update", 10, "--log-interval", 1,
+                "--log-format", "json", "--disable-validation", "--save-dir", save]
+        if name in SEPARATE:
+            procs[name] = (save, start([str(c) for c in command("fairseq-train", *args, data_fixes=True)],
+                                       save / "train.log"))
+        else:
+            here[name] = (save, args)
+    for save, args in here.values():
+        proc = run_in_process("fairseq-train", *args, data_fixes=True, check=False)
+        (save / "train.log").write_text(proc.stdout + proc.stderr)
+        assert proc.returncode == 0, (save / "train.log").read_text()[-3000:]
+    for save, proc in procs.values():
         assert proc.wait(timeout=600) == 0, (save / "train.log").read_text()[-3000:]
-        results[name] = (_train_inner(save / "train.log"), load(save / "checkpoint_last.pt"))
-    return results
+    return {name: (_train_inner(save / "train.log"), load(save / "checkpoint_last.pt")) for name, save in saves.items()}
 
 
 def _train_inner(log_path):
