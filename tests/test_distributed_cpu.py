@@ -14,6 +14,7 @@ from fairseq import checkpoint_utils
 from fairseq.dataclass.configs import DistributedTrainingConfig
 from fairseq.distributed import utils as distributed_utils
 from fairseq.models import DistributedFairseqModel
+from inprocess import run_in_process
 from omegaconf import OmegaConf
 
 from realformer_nmt.errors import ConfigError
@@ -35,8 +36,9 @@ def epoch_updates(log_text):
 @pytest.fixture(scope="module")
 @trains
 def single_rank(data_bin, tmp_path_factory):
+    """Updates in an epoch of one process (in this one: tests/inprocess.py, the launcher's main)."""
     save = tmp_path_factory.mktemp("single")
-    proc = run("fairseq-train", data_bin, *COMMON, "--save-dir", save)
+    proc = run_in_process("fairseq-train", data_bin, *COMMON, "--save-dir", save)
     return epoch_updates(proc.stdout + proc.stderr)
 
 
@@ -159,8 +161,9 @@ def test_torchrun_starts_two_cpu_ranks_that_train_together(data_bin, tmp_path):
 
 @pytest.mark.slow
 def test_no_spawn_without_an_init_method_is_refused_with_the_recipe(data_bin, tmp_path):
-    proc = run("fairseq-train", data_bin, *COMMON, "--save-dir", tmp_path, "--distributed-world-size", 2,
-               "--distributed-no-spawn", check=False)
+    # refused before any rank or process group starts: the launcher's main in this process
+    proc = run_in_process("fairseq-train", data_bin, *COMMON, "--save-dir", tmp_path, "--distributed-world-size", 2,
+                          "--distributed-no-spawn", check=False)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last == f"realformer_nmt: error: {cpu_distributed.RECIPE}"
