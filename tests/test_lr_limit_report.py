@@ -15,10 +15,11 @@ from realformer_tools.experiments.translation.stats import add_seed_paired
 RESULTS = pathlib.Path(__file__).resolve().parent.parent / "results"
 
 
-def _entry(seeds, bleus, losses, attempts=None, seconds=None):
+def _entry(seeds, bleus, losses, attempts=None, seconds=None, resumes=None):
     return {"seeds": list(seeds), "bleu_per_seed": list(bleus), "valid_loss_per_seed": list(losses),
             "status_per_seed": ["ok"] * len(seeds), "train_seconds_per_seed": seconds or [600.0] * len(seeds),
-            "attempts_per_seed": attempts or [1] * len(seeds)}
+            "attempts_per_seed": attempts or [1] * len(seeds),
+            "resumes_per_seed": resumes or [0 if a == 1 else None for a in attempts or [1] * len(seeds)]}
 
 
 def _grid():
@@ -32,7 +33,7 @@ def _grid():
         "0.001": add_seed_paired({
             "postln": _entry([1, 2, 3, 4, 5], [22.0, 22.5, 23.0, 21.0, 22.0], [5.3, 5.3, 5.3, 5.3, 5.3]),
             "realformer": _entry([1, 2, 3, 4, 5], [25.0, 26.0, 24.5, 25.5, 26.5], [5.2, 5.2, 5.2, 5.2, 5.2],
-                                 attempts=[1, 1, 1, 2, None]),
+                                 attempts=[1, 3, 1, 2, None], resumes=[0, 1, 0, 0, None]),
             "preln": _entry([1, 2, 3, 4, 5], [27.0, 27.5, 27.0, 26.0, 28.0], [5.0, 5.0, 5.0, 5.0, 5.0])}),
     }
 
@@ -93,9 +94,33 @@ def test_wall_time_table_names_resumed_runs_and_unrecorded_ones():
     data = {"lrs": [0.002, 0.001], "backbones": ["postln", "realformer", "preln"], "grid": grid}
     lines = stability.wall_time_lines(data)
     rf = next(line for line in lines if line.startswith("| 0.001 | realformer |"))
-    assert "| 10, 10, 10, 10, 10 |" in rf and "seeds [4]" in rf and "not recorded for seeds [5]" in rf
+    # seed 2: three attempts, one of them from its checkpoint; seed 4: started again from update 0
+    assert rf == ("| 0.001 | realformer | 1, 2, 3, 4, 5 | 10, 10, 10, 10, 10 | seeds [2]; not recorded for seeds [5] "
+                  "| seeds [4]; not recorded for seeds [5] |")
     post = next(line for line in lines if line.startswith("| 0.002 | postln |"))
-    assert post.endswith("| none |")
+    assert post.endswith("| none | none |")
+
+
+def test_a_resume_is_a_checkpoint_fairseq_loaded_and_a_restart_from_update_0_is_not(tmp_path):
+    """``resumes``: the times fairseq's log says it loaded the run's own checkpoint_last.pt at a
+    later update; an attempt that found no checkpoint started the run again. A record from
+    before the field is counted from its log."""
+    from realformer_tools.experiments import fairseq_runs
+    from realformer_tools.experiments.translation.stats import resumes
+
+    lines = ["2026-12-02 05:07:27 | INFO | fairseq.trainer | No existing checkpoint found runs/x/checkpoint_last.pt",
+             "2026-12-02 05:32:34 | INFO | fairseq.trainer | No existing checkpoint found runs/x/checkpoint_last.pt"]
+    assert fairseq_runs.resumes_in_log(lines) == 0
+    lines.append("2026-12-02 04:58:41 | INFO | fairseq.trainer | Loaded checkpoint runs/x/checkpoint_last.pt "
+                 "(epoch 5 @ 1020 updates)")
+    lines.append("| INFO | fairseq.checkpoint_utils | Loaded checkpoint /tmp/pretrained.pt (epoch 3 @ 40 updates)")
+    assert fairseq_runs.resumes_in_log(lines) == 1
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n")
+    assert resumes({"attempts": 3, "log": str(log)}) == 1
+    assert resumes({"attempts": 1, "log": str(tmp_path / "gone.log")}) == 0
+    assert resumes({"attempts": 2, "log": str(tmp_path / "gone.log")}) is None
+    assert resumes({"attempts": None}) is None and resumes({"attempts": 2, "resumes": 0}) == 0
 
 
 def test_committed_grid_report_carries_the_best_rate_comparison():

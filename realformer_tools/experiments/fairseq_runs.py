@@ -237,6 +237,7 @@ def train_resumable(cmd, run_dir, label="", log=print, max_update=None, env=None
         "reason": reason,
         "seconds": round(_attempt_seconds(attempts, log_path), 1),
         "attempts": len(attempts),
+        "resumes": resumes_in_log(all_lines),
         "updates": max(updates) if updates else 0,
         "curve": parsed["valid"],
         "command": command,
@@ -245,6 +246,15 @@ def train_resumable(cmd, run_dir, label="", log=print, max_update=None, env=None
     }
     write_json(marker, record)
     return record
+
+
+_RESUMED = re.compile(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch \d+ @ [1-9]\d* updates\)")
+
+
+def resumes_in_log(lines):
+    """How many times a run continued from its own checkpoint_last.pt, as fairseq's log says
+    (an attempt that found no checkpoint restarted from update 0 and is not counted)."""
+    return sum(1 for line in lines if _RESUMED.search(line))
 
 
 def mean_curve(curves):

@@ -50,7 +50,8 @@ def depth_stress(data, out, recipe, depths=(6, 12), backbones=DEPTH_BACKBONES, s
         "title": title or corpus_info(data)["title"],
         "depths": table,
         "backbones": list(backbones),
-        "reference_loss_per_seed": {str(seed): loss for seed, loss in reference.items()},
+        # seeds with no finished run yet (a study still training) have no reference
+        "reference_loss_per_seed": {str(seed): loss for seed, loss in reference.items() if loss is not None},
         "rule": outcome_rule(margin, DEPTH_REFERENCE),
         "reference": DEPTH_REFERENCE,
         "margin": margin,

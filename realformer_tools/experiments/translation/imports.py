@@ -154,7 +154,7 @@ def run_records(path, data, out, recipe, residual_mode="sum", study="compare", d
                 else os.path.join(base, b, f"seed{seed}")
             curve = [{"update": u, "loss": loss} for u, loss in entry["curve_per_seed"][i]]
             per_seed = {k: (entry.get(f"{k}_per_seed") or [None] * len(entry["seeds"]))[i]
-                        for k in ("sacrebleu", "reason", "attempts")}
+                        for k in ("sacrebleu", "reason", "attempts", "resumes")}
             bleu = entry["bleu_per_seed"][i]
             record = dict(
                 backbone=b, seed=seed, lr=run_recipe.lr if lr is None else lr,
@@ -166,7 +166,7 @@ def run_records(path, data, out, recipe, residual_mode="sum", study="compare", d
                 signature=summary.get("sacrebleu_signature") if bleu is not None else None,
                 bleu_convention=convention,
                 seconds=entry["train_seconds_per_seed"][i], train_seconds=entry["train_seconds_per_seed"][i],
-                attempts=per_seed["attempts"],
+                attempts=per_seed["attempts"], resumes=per_seed["resumes"],
                 decode_seconds=entry["decode_seconds_per_seed"][i],
                 checkpoint=entry["checkpoints"][i], log=entry["logs"][i],
                 command=train_command(data, b, run_recipe, seed, run_dir, residual_mode, lr),

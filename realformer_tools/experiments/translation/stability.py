@@ -98,7 +98,8 @@ def stability_limit(data, out, recipe, lrs=STABILITY_LRS, depth=12, backbones=ST
         "lrs": lrs,
         "backbones": list(backbones),
         "grid": grid,
-        "reference_loss_per_seed": {str(seed): loss for seed, loss in reference.items()},
+        # seeds with no finished run yet (a study still training) have no reference
+        "reference_loss_per_seed": {str(seed): loss for seed, loss in reference.items() if loss is not None},
         "reference": STABILITY_REFERENCE,
         "rule": outcome_rule(margin, STABILITY_REFERENCE),
         "margin": margin,
@@ -242,26 +243,34 @@ def _minutes(seconds_list):
 
 
 def wall_time_lines(summary):
-    """Every run's wall time (minutes, all attempts) and which runs were resumed."""
+    """Every run's wall time (minutes, all attempts), and which runs were stopped and resumed from
+    their checkpoint or started again from update 0."""
     lines = ["## Wall time of every run, and resumes", "",
              "Wall time over all of a run's fairseq-train attempts (minutes; from the first start to the last "
-             "end, less the time between an attempt that was killed and the next); resumed: a run with two or "
-             "more attempts, continued from its checkpoint_last.pt; not recorded: runs trained before the "
-             "results recorded attempts.", "",
-             "| lr | backbone | seeds | wall time per seed (min) | resumed |", "| --- | --- | --- | --- | --- |"]
+             "end, less the time between an attempt that was killed and the next). Resumed: the run was "
+             "stopped and continued from its checkpoint_last.pt (fairseq's log says `Loaded checkpoint`); "
+             "restarted: stopped before its first checkpoint and trained again from update 0, so the run is "
+             "one uninterrupted training; not recorded: runs trained before the results recorded attempts.", "",
+             "| lr | backbone | seeds | wall time per seed (min) | resumed | restarted from update 0 |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for lr in [f"{lr:g}" for lr in summary["lrs"]]:
         for b in summary["backbones"]:
             e = summary["grid"][lr].get(b)
             if e is None:
                 continue
-            attempts = e.get("attempts_per_seed") or [None] * len(e["seeds"])
-            resumed = [s for s, a in zip(e["seeds"], attempts) if a is not None and a > 1]
+            n = len(e["seeds"])
+            attempts = e.get("attempts_per_seed") or [None] * n
+            resumes = e.get("resumes_per_seed") or [None] * n
             unknown = [s for s, a in zip(e["seeds"], attempts) if a is None]
-            words = ([f"seeds {resumed}" if resumed else "none"] if len(unknown) < len(e["seeds"]) else [])
-            if unknown:
-                words.append(f"not recorded for seeds {unknown}" if words else "not recorded")
+            cells = []
+            for rule in (lambda a, r: r is not None and r > 0, lambda a, r: a > 1 and r == 0):
+                hit = [s for s, a, r in zip(e["seeds"], attempts, resumes) if a is not None and rule(a, r)]
+                words = ([f"seeds {hit}" if hit else "none"] if len(unknown) < n else [])
+                if unknown:
+                    words.append(f"not recorded for seeds {unknown}" if words else "not recorded")
+                cells.append("; ".join(words))
             lines.append(f"| {lr} | {b} | {', '.join(map(str, e['seeds']))} | {_minutes(e['train_seconds_per_seed'])} "
-                         f"| {'; '.join(words)} |")
+                         f"| {cells[0]} | {cells[1]} |")
     return lines + [""]
 
 

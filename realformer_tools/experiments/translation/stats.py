@@ -1,6 +1,7 @@
 """Statistics of a study: per-backbone summaries over seeds, run outcomes and sacreBLEU's
 paired bootstrap test (per seed, on the same test sentences)."""
 
+import os
 import statistics
 
 from realformer_nmt.errors import DataError
@@ -76,8 +77,10 @@ def summarize_backbone(results, backbone, residual_mode):
         "curve_min_max": [[u, round(lo, 4), round(hi, 4)] for u, _, lo, hi in mean_curve],
         "curve_per_seed": curves,
         "train_seconds_per_seed": [r["train_seconds"] for r in results],
-        # fairseq-train attempts of each run (2 or more: resumed from checkpoint_last.pt); None: not recorded
+        # fairseq-train attempts of each run (2 or more: stopped and started again); None: not recorded
         "attempts_per_seed": [r.get("attempts") for r in results],
+        # how many of those continued from checkpoint_last.pt (0: every restart began at update 0)
+        "resumes_per_seed": [resumes(r) for r in results],
         "decode_seconds_per_seed": [r["decode_seconds"] for r in results],
         "checkpoints": [r["checkpoint"] for r in results],
         "logs": [r["log"] for r in results],
@@ -90,6 +93,17 @@ def summarize_backbone(results, backbone, residual_mode):
         **({"imported_from_per_seed": [r.get("imported_from") for r in results]}
            if any(r.get("imported_from") for r in results) else {}),
     }
+
+
+def resumes(record):
+    """A run's resumes from checkpoint_last.pt: its record's, or counted in its log where the run
+    was recorded before the field was (None: attempts not recorded, or the log is gone)."""
+    if record.get("resumes") is not None or record.get("attempts") is None:
+        return record.get("resumes")
+    if record["attempts"] == 1:
+        return 0
+    log = record.get("log")
+    return fairseq_runs.resumes_in_log(fairseq_runs.read_log(log)) if log and os.path.exists(log) else None
 
 
 EXACT_DIGITS = 10  # differences of values given to a few decimals, without binary noise
