@@ -20,6 +20,14 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 # realformer_tools.launch.fixes_installed(...).
 import realformer_nmt  # noqa: E402,F401  (registers the model)
 
+# One intra-op thread in every test process, as the tools' processes the tests start have
+# (cli_env: OMP_NUM_THREADS=1). On the suite's two cores, shared by two pytest workers and
+# the processes they start, torch's default of one thread per core makes tiny-model work spin
+# against itself: test_paper_formula + test_triton_kernel took 690 s wall (188 s CPU) on two
+# threads and 315 s (100 s CPU) on one, the same 183 tests passing. A test that needs more
+# threads sets them itself.
+torch.set_num_threads(1)
+
 
 def _interpret_triton_here():
     """The ``triton`` kernel's CPU tests (tests/test_triton_kernel.py) run it in Triton's
