@@ -1,19 +1,30 @@
 """The errors translation.md and reliability.md call "one line" are one line through the
 real command-line tools: stderr is counted (Python's own deprecation warnings from hydra
-and torch are switched off, they are not ours), not just searched."""
+and torch are switched off, they are not ours), not just searched.
+
+Each kind of error is shown once in a process of its own (a flag's value, fp16 on CPU, a
+checkpoint of other data to fairseq-generate, a truncated checkpoint to fairseq-train): all a
+fresh process prints is counted. Its other cases run the same command through the launcher's
+``main`` in the test process (``inprocess.run_in_process``: stdout, stderr and exit status as a
+process of its own gives them), as does the resume that follows the advice.
+"""
 
 import random
 import shutil
 import subprocess
 
 import pytest
-from cli_helpers import TINY_FLAGS, binarize, command
+from cli_helpers import TINY_FLAGS, command
 from conftest import USER_DIR, cli_env
+from inprocess import run_in_process
 
 from realformer_tools.fairseq_fixes.checkpoint_errors import first_sentence as _first_sentence
 
 
-def run_cli(tool, *args):
+def run_cli(tool, *args, separate=True):
+    """``tool`` through the launcher: in a process of its own, or (``separate=False``) in this one."""
+    if not separate:
+        return run_in_process(tool, *args, check=False, env={"PYTHONWARNINGS": "ignore"})
     env = dict(cli_env(), PYTHONWARNINGS="ignore")
     return subprocess.run(command(tool, *args), capture_output=True, text=True,  # launched
                           env=env, timeout=600)
@@ -35,25 +46,26 @@ def assert_one_line(proc, *words):
     return lines[0]
 
 
-def train(data, save_dir, *flags):
+def train(data, save_dir, *flags, separate=True):
     """fairseq-train through the launcher (its default fixes: bf16_without_tpu refuses fp16
     training on CPU)."""
     return run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
-                   "--save-dir", save_dir, *TINY_FLAGS, *flags)
+                   "--save-dir", save_dir, *TINY_FLAGS, *flags, separate=separate)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags,words", [
-    (["--residual-attention-paths", "encoder,decodr"], ["--residual-attention-paths", "'decodr'"]),
-    (["--residual-attention-mode", "max"], ["--residual-attention-mode", "'max'"]),
-    (["--residual-attention-kernel", "flash"], ["--residual-attention-kernel", "'flash'"]),
-    (["--fp16"], ["--fp16", "--bf16"]),
+@pytest.mark.parametrize("flags,words,separate", [
+    (["--residual-attention-paths", "encoder,decodr"], ["--residual-attention-paths", "'decodr'"], True),
+    (["--residual-attention-mode", "max"], ["--residual-attention-mode", "'max'"], False),
+    (["--residual-attention-kernel", "flash"], ["--residual-attention-kernel", "'flash'"], False),
+    (["--fp16"], ["--fp16", "--bf16"], True),
 ], ids=["paths-typo", "mode", "kernel", "fp16-on-cpu"])
-def test_flag_errors_are_one_line_and_create_nothing(data_bin, tmp_path, flags, words):
+def test_flag_errors_are_one_line_and_create_nothing(data_bin, tmp_path, flags, words, separate):
     """Not fairseq's 175-line usage before the error; and nothing created: --save-dir does
-    not exist afterwards (an --fp16 run on CPU used to leave it behind, empty)."""
+    not exist afterwards (an --fp16 run on CPU used to leave it behind, empty). A flag's
+    value and fp16 in processes of their own, the other two flags in this one."""
     save_dir = tmp_path / "ckpt"
-    proc = train(data_bin, save_dir, "--max-update", 1, *flags)
+    proc = train(data_bin, save_dir, "--max-update", 1, *flags, separate=separate)
     assert_one_line(proc, *words)
     assert "usage:" not in proc.stderr
     assert not save_dir.exists()
@@ -70,7 +82,10 @@ def other_data(tmp_path_factory):
         (raw / f"{split}.src").write_text("\n".join(src) + "\n")
         (raw / f"{split}.tgt").write_text("\n".join(s.upper()[::-1] for s in src) + "\n")
     dest = tmp_path_factory.mktemp("bin20")
-    binarize(raw, dest)
+    # cli_helpers.binarize's fairseq-preprocess, in this process (the data, not what is tested)
+    run_in_process("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
+                   "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", dest, "--workers", "1",
+                   "--joined-dictionary")
     return dest
 
 
@@ -84,10 +99,10 @@ def dictionary_size(data):
 def test_checkpoint_with_another_dictionary_is_one_line(trained, data_bin, other_data, tmp_path, tool):
     save, _ = trained
     checkpoint = save / "checkpoint_last.pt"
-    if tool == "fairseq-generate":
+    if tool == "fairseq-generate":  # in a process of its own
         proc = run_cli(tool, other_data, "--user-dir", USER_DIR, "--path", checkpoint, "--cpu")
-    else:
-        proc = train(other_data, tmp_path / "ckpt", "--restore-file", checkpoint, "--max-update", 1)
+    else:  # in this one
+        proc = train(other_data, tmp_path / "ckpt", "--restore-file", checkpoint, "--max-update", 1, separate=False)
     trained_size, data_size = dictionary_size(data_bin), dictionary_size(other_data)
     assert trained_size != data_size
     line = assert_one_line(proc, str(checkpoint), str(other_data), "trained on other data")
@@ -113,7 +128,7 @@ def test_truncated_checkpoint_last_says_how_to_resume(trained, data_bin, tmp_pat
     assert reason == ("RuntimeError: PytorchStreamReader failed reading zip archive: "
                       "failed finding central directory"), reason
 
-    resumed = train(data_bin, run_dir, "--max-update", 32, "--restore-file", best)
+    resumed = train(data_bin, run_dir, "--max-update", 32, "--restore-file", best, separate=False)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "num_updates 32" in resumed.stdout
     assert "Loaded checkpoint" in resumed.stdout and str(best) in resumed.stdout
