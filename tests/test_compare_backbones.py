@@ -17,9 +17,9 @@ import time
 
 import pytest
 import sacrebleu
-from cli_helpers import command
-from conftest import BIN, MULTI30K, REPO, USER_DIR, cli_env, require_shared_data
+from conftest import MULTI30K, REPO, USER_DIR, cli_env, require_shared_data
 from harness_helpers import TINY_SIZE, copy_data, raw_2017, tiny_recipe
+from inprocess import run_in_process
 
 from realformer_nmt.errors import ConfigError
 from realformer_tools.data import pipeline
@@ -260,20 +260,22 @@ def test_eval_bleu_selects_checkpoint_best_by_bleu(tmp_path):
     for d in (raw, pieces):
         d.mkdir()
     _write_piece_corpus(raw, pieces)
-    subprocess.run([str(BIN / "fairseq-preprocess"), "--source-lang", "src", "--target-lang", "tgt",
-                    "--trainpref", pieces / "train", "--validpref", pieces / "valid", "--destdir", data,
-                    "--joined-dictionary", "--workers", "1"], check=True, capture_output=True, env=cli_env())
-    proc = subprocess.run(
-        command("fairseq-train", data, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
-         *compare.Recipe(**TINY_SIZE).model_flags(), "--optimizer", "adam", "--lr", "3e-3",
-         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "20", "--max-tokens", "1000",
-         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.0",
-         "--max-update", "150", "--validate-interval-updates", "25", "--save-interval-updates", "25",
-         "--validate-interval", "1000", "--save-interval", "1000",  # only every 25 updates, not per epoch
-         "--keep-interval-updates", "1", "--no-epoch-checkpoints", "--cpu", "--seed", "1",
-         "--log-format", "simple", "--log-interval", "25", "--save-dir", save,
-         *compare.eval_bleu_flags(beam=1), data_fixes=True),
-        capture_output=True, text=True, env=cli_env())
+    # the corpus binarized in this process (tests/inprocess.py): preparing it is not what is tested here
+    run_in_process("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref",
+                   pieces / "train", "--validpref", pieces / "valid", "--destdir", data, "--joined-dictionary",
+                   "--workers", "1", fixes=False)
+    # fairseq-train through the launcher with the data fixes, in this process (tests/inprocess.py)
+    proc = run_in_process(
+        "fairseq-train", data, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
+        *compare.Recipe(**TINY_SIZE).model_flags(), "--optimizer", "adam", "--lr", "3e-3",
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "20", "--max-tokens", "1000",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.0",
+        # five validations (measured: BLEU 1.13, 0.79, 3.35, 9.62, 25.42 at updates 20-100)
+        "--max-update", "100", "--validate-interval-updates", "20", "--save-interval-updates", "20",
+        "--validate-interval", "1000", "--save-interval", "1000",  # only every 20 updates, not per epoch
+        "--keep-interval-updates", "1", "--no-epoch-checkpoints", "--cpu", "--seed", "1",
+        "--log-format", "simple", "--log-interval", "20", "--save-dir", save,
+        *compare.eval_bleu_flags(beam=1), check=False, data_fixes=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = fairseq_runs.parse_log(proc.stdout.splitlines())["valid"]
     bleus = {rec["update"]: rec["bleu"] for rec in records}
@@ -412,43 +414,92 @@ def test_every_test_set_is_scored_and_a_run_scored_before_is_decoded_only(m30k_s
     assert "**Every test set**" in md and "ΔBLEU `test_2017_mscoco`" in md and "mean of the test sets" in md
 
 
+RESUME_UPDATES = 22  # the slice's epochs are 18 updates: two epochs begun
+SAVE_EVERY = 20  # --save-interval-updates: mid-epoch 2, where the mid-epoch case resumes
+
+
+def _resume_env(data_fixes):
+    from realformer_tools.launch import DATA_FIXES_ENV as DATA_FIXES_SWITCH
+
+    return dict(cli_env(), **{DATA_FIXES_SWITCH: data_fixes})
+
+
+def _resume_command(m30k_slice, run_dir):
+    """The resume cases' one command; its run never stopped keeps checkpoint_2_20.pt (mid-epoch 2)."""
+    recipe = tiny_recipe(max_update=RESUME_UPDATES, extra=["--save-interval-updates", str(SAVE_EVERY)])
+    return compare.train_command(str(m30k_slice), "realformer", recipe, 1, str(run_dir))
+
+
+def _end_parameters(run_dir):
+    import torch
+
+    from realformer_tools.fairseq_fixes import safe_checkpoint_loading
+
+    with safe_checkpoint_loading.fairseq_checkpoint_types():  # weights only, fairseq's types allowed
+        return torch.load(run_dir / "checkpoint_last.pt", map_location="cpu")["model"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(m30k_slice, tmp_path_factory):
+    """``uninterrupted(data_fixes)``: ``(run_dir, end parameters)`` of ``_resume_command`` never stopped,
+    trained by the harness with the data fixes on ("1") or off ("0"), each once for the module (the
+    cases resuming at different updates share it)."""
+    runs = {}
+
+    def whole(data_fixes):
+        if data_fixes not in runs:
+            run_dir = tmp_path_factory.mktemp(f"whole_fixes{data_fixes}") / "realformer" / "seed1"
+            run_dir.mkdir(parents=True)
+            record = fairseq_runs.train_resumable(_resume_command(m30k_slice, run_dir), str(run_dir), log=_quiet,
+                                                  env=_resume_env(data_fixes))
+            assert record["status"] == "finished" and record["updates"] == RESUME_UPDATES
+            # every epoch trained once, in order (the fix must not move an uninterrupted run's epochs)
+            assert re.findall(r"begin training epoch (\d+)", (run_dir / "train.log").read_text()) == ["1", "2"]
+            runs[data_fixes] = run_dir, _end_parameters(run_dir)
+        return runs[data_fixes]
+
+    return whole
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_at, loaded, data_fixes", [
     (20, "(epoch 2 @ 20 updates)", "1"), (18, "(epoch 2 @ 18 updates)", "1"), (18, "(epoch 2 @ 18 updates)", "0")],
     ids=["mid-epoch-2", "epoch-end", "epoch-end-fairseq-alone"])
-def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(m30k_slice, tmp_path, stop_at, loaded, data_fixes):
-    """Stopped at update ``stop_at`` (the slice's epochs are 18 updates) and resumed from
-    checkpoint_last.pt by the harness, a run ends with the parameters of the same command never
-    stopped, bit for bit. Without the data fixes (``resume_batches``) fairseq 0.12.2 builds a
-    run resumed in epoch 2 other batches: when that case passes, the fix is no longer needed."""
+def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(m30k_slice, uninterrupted, tmp_path, stop_at, loaded,
+                                                              data_fixes):
+    """Stopped after its checkpoint at update ``stop_at`` (the slice's epochs are 18 updates) and
+    resumed from that checkpoint_last.pt by the harness, a run ends with the parameters of the same
+    command never stopped (``uninterrupted``, trained once per setting of the data fixes and shared by
+    the cases), bit for bit. Without the data fixes (``resume_batches``) fairseq 0.12.2 builds a run
+    resumed in epoch 2 other batches: when that case passes, the fix is no longer needed."""
+    import shutil
+
     import torch
 
-    from realformer_tools.fairseq_fixes import safe_checkpoint_loading
-    from realformer_tools.launch import DATA_FIXES_ENV as DATA_FIXES_SWITCH
-
-    env = dict(cli_env(), **{DATA_FIXES_SWITCH: data_fixes})
-    recipe = tiny_recipe(max_update=22, extra=["--save-interval-updates", str(stop_at)])
-    ends = {}
-    for name in ("whole", "resumed"):
-        run_dir = tmp_path / name / "realformer" / "seed1"
-        cmd = compare.train_command(str(m30k_slice), "realformer", recipe, 1, str(run_dir))
-        run_dir.mkdir(parents=True)
-        if name == "resumed":
-            first = [c if cmd[i - 1] != "--max-update" else str(stop_at) for i, c in enumerate(cmd)]
-            subprocess.run(first, check=True, capture_output=True, env=env)
-            (run_dir / "attempts.json").write_text(json.dumps([{"command": cmd, "start": 0.0, "end": None}]))
-        record = fairseq_runs.train_resumable(cmd, str(run_dir), log=_quiet, env=env)
-        assert record["status"] == "finished" and record["updates"] == 22
-        log = (run_dir / "train.log").read_text()
-        # every epoch trained once, in order (the fix must not move an uninterrupted run's epochs)
-        epochs = ["1", "2"] if name == "whole" else ["2"]
-        assert re.findall(r"begin training epoch (\d+)", log) == epochs
-        if name == "resumed":  # restarted by the same call, fairseq continues from checkpoint_last.pt
-            assert "Loaded checkpoint" in log and loaded in log and record["attempts"] == 2
-            assert [rec["update"] for rec in record["curve"]][-1] == 22
-        with safe_checkpoint_loading.fairseq_checkpoint_types():  # weights only, fairseq's types allowed
-            ends[name] = torch.load(run_dir / "checkpoint_last.pt", map_location="cpu")["model"]
-    whole, resumed = ends["whole"], ends["resumed"]
+    env = _resume_env(data_fixes)
+    whole_dir, whole = uninterrupted(data_fixes)
+    run_dir = tmp_path / "resumed" / "realformer" / "seed1"
+    cmd = _resume_command(m30k_slice, run_dir)
+    run_dir.mkdir(parents=True)
+    if stop_at % SAVE_EVERY == 0:
+        # mid-epoch: an attempt killed after its save at stop_at left the checkpoint the run never
+        # stopped saved there (the same command, the same save) as its checkpoint_last.pt
+        (saved,) = whole_dir.glob(f"checkpoint_*_{stop_at}.pt")
+        shutil.copyfile(saved, run_dir / "checkpoint_last.pt")
+    else:
+        # the end of an epoch, where fairseq keeps no numbered checkpoint (--no-epoch-checkpoints): the
+        # same command stopped there (fairseq saves checkpoint_last.pt where it stops)
+        first = [c if cmd[i - 1] != "--max-update" else str(stop_at) for i, c in enumerate(cmd)]
+        subprocess.run(first, check=True, capture_output=True, env=env)
+    (run_dir / "attempts.json").write_text(json.dumps([{"command": cmd, "start": 0.0, "end": None}]))
+    record = fairseq_runs.train_resumable(cmd, str(run_dir), log=_quiet, env=env)
+    assert record["status"] == "finished" and record["updates"] == RESUME_UPDATES
+    log = (run_dir / "train.log").read_text()
+    # restarted by the same call, fairseq continues from checkpoint_last.pt, in epoch 2 only
+    assert re.findall(r"begin training epoch (\d+)", log) == ["2"]
+    assert "Loaded checkpoint" in log and loaded in log and record["attempts"] == 2
+    assert [rec["update"] for rec in record["curve"]][-1] == RESUME_UPDATES
+    resumed = _end_parameters(run_dir)
     assert whole.keys() == resumed.keys()
     differing = [k for k in whole if not torch.equal(whole[k], resumed[k])]
     if data_fixes == "1":
