@@ -1,8 +1,14 @@
-"""Through fairseq's real command-line tools: preprocess -> train -> generate."""
+"""Through fairseq's real command-line tools: preprocess -> train -> generate.
+
+Every command that reads or prints what is checked runs in a process of its own; the
+trainings that only make a checkpoint for one (the layerdrop model, the vanilla model and its
+warm start) run the same command lines through the launcher's ``main`` in the test process
+(``inprocess.run_in_process``)."""
 
 import pytest
 from cli_helpers import TINY_FLAGS, load_checkpoint, run
 from conftest import USER_DIR
+from inprocess import run_in_process
 
 # fairseq's own checkpoint loaders run in this process: with the fixes (torch >= 2.6)
 pytestmark = pytest.mark.usefixtures("fairseq_fixes")
@@ -57,7 +63,7 @@ def test_interactive_translates_stdin(data_bin, trained):
 def test_layerdrop_trains_and_generates(data_bin, tmp_path):
     """Layerdrop training in mean mode, then a pruned model (the running mean over the
     layers kept is tested exactly in test_fidelity_options.py)."""
-    run(
+    run_in_process(
         "fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
         "--residual-attention-mode", "mean", "--encoder-layerdrop", 0.5, "--decoder-layerdrop", 0.5, "--max-update", 10,
         "--save-dir", tmp_path, *TINY_FLAGS,
@@ -78,10 +84,10 @@ def test_finetune_realformer_from_vanilla_transformer_checkpoint(data_bin, tmp_p
     vanilla = tmp_path / "vanilla"
     # another seed than the warm run's (TINY_FLAGS: --seed 1), so that a RealFormer left at
     # its own initialisation would not start from the vanilla model's initial weights
-    run("fairseq-train", data_bin, "--arch", "transformer", "--user-dir", USER_DIR,
-        "--max-update", 10, "--save-dir", vanilla, *TINY_FLAGS, "--seed", 2)
+    run_in_process("fairseq-train", data_bin, "--arch", "transformer", "--user-dir", USER_DIR,
+                   "--max-update", 10, "--save-dir", vanilla, *TINY_FLAGS, "--seed", 2)
     warm = tmp_path / "warm"
-    proc = run(
+    proc = run_in_process(
         "fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "realformer_transformer",
         "--finetune-from-model", vanilla / "checkpoint_last.pt", "--max-update", WARM_UPDATES,
         "--save-dir", warm, *TINY_FLAGS,
