@@ -2,7 +2,7 @@
 non-UTF-8 bytes, and what each fairseq 0.12 tool does with them. fairseq-preprocess, -train and
 -generate run in this process (tests/inprocess.py: the console command's own function, its
 stdout, stderr and exit status as a subprocess gives them); fairseq-interactive, whose stdin
-decoding is under test, runs in its own process.
+decoding is under test, runs in its own process (reading ``--input FILE``, in this one).
 
 One corpus (the reversal task of test_cli_end_to_end) with bad lines injected, binarized
 and trained on once (30 updates, ``--max-source/target-positions 16``).
@@ -257,9 +257,11 @@ def test_interactive_survives_invalid_utf8(preprocessed, trained, tmp_path, wher
     data_bin, _ = preprocessed
     ckpt, _ = trained
     data = b"\n".join([GOOD, BAD_UTF8, b"j i h"]) + b"\n"
-    if where == "input-file":
+    if where == "input-file":  # read from a file (strictly, always): no stdin, in this process
         (tmp_path / "in.txt").write_bytes(data)
-        rc, out, err = interactive(data_bin, ckpt, b"", "--input", tmp_path / "in.txt")
+        proc = run("fairseq-interactive", data_bin, "--user-dir", USER_DIR, "--path", ckpt, "--source-lang", "src",
+                   "--target-lang", "tgt", "--beam", "2", "--cpu", "--input", tmp_path / "in.txt", check=False)
+        rc, out, err = proc.returncode, proc.stdout, proc.stderr
     else:  # what sys.stdin is under e.g. LANG=en_US.UTF-8
         rc, out, err = interactive(data_bin, ckpt, data, env={"PYTHONIOENCODING": "utf-8:strict"})
     hyps = lines_with("H", out)
