@@ -12,6 +12,7 @@ import sys
 
 import pytest
 from conftest import MULTI30K, REPO, SHARED_DATA, USER_DIR, WIKITEXT2, cli_env, require_shared_data
+from inprocess import run_in_process
 from test_docs import (
     FAIRSEQ_TOOLS,
     LAUNCHERS,
@@ -145,11 +146,16 @@ def shrunk(words, tmp, **flags):
 
 
 def run(words, tmp):
+    """A command of the page, from ``tmp`` with the page's exports: a script in a process of its
+    own (``python scripts/<name>.py``, as the page runs it); a fairseq command through the launcher,
+    as the page runs each one (test_cpu_path_is_one_chain), in this process (the launcher's main,
+    tests/inprocess.py: stdout, stderr and exit status as a process of its own gives them)."""
     call = invocation(words)
-    if call and call[0] == "script":
-        argv = [sys.executable, str(REPO / "scripts" / f"{call[1]}.py"), *call[2]]
-    else:  # a fairseq command: through the launcher, as the page runs each one (test_cpu_path_is_one_chain)
-        argv = [sys.executable, "-m", "realformer_tools.launch", *words]
+    if not (call and call[0] == "script"):
+        proc = run_in_process(words[0], *words[1:], check=False, cwd=tmp, env=path_exports())
+        assert proc.returncode == 0, f"{' '.join(words)}\nfailed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+        return proc
+    argv = [sys.executable, str(REPO / "scripts" / f"{call[1]}.py"), *call[2]]
     proc = subprocess.run(argv, capture_output=True, text=True, env={**cli_env(), **path_exports()}, timeout=600,
                           cwd=tmp)
     assert proc.returncode == 0, f"{' '.join(argv)}\nfailed ({proc.returncode}):\n{proc.stderr[-3000:]}"
