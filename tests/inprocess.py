@@ -22,6 +22,10 @@ What a subprocess gives for free is made here, and undone after each call:
   the previous run) goes before and after each call. A module a ``--user-dir`` imports stays
   imported with what it registered, as in fairseq's own in-process tests: fairseq keeps its
   registries' class names where nothing can remove them, so the next call finds it imported;
+* the daemonic processes the call started and left running end as at a process's exit
+  (``multiprocessing``'s exit function: terminated, then joined): fairseq leaves its last
+  batch iterator's DataLoader workers up, and each, collected later in this process, would
+  cost torch's 5-second worker shutdown wait;
 * an exception that leaves the tool is handed to ``sys.excepthook`` with stderr captured (what
   Python does at a process's top level: with the one-line error hook, one line) and the exit
   status is 1; ``SystemExit`` gives its code.
@@ -43,6 +47,7 @@ import importlib
 import importlib.util
 import io
 import logging
+import multiprocessing
 import os
 import random
 import subprocess
@@ -99,8 +104,10 @@ class _ProcessState:
                         if isinstance(lg, logging.Logger)}
         self.logging_disable = logging.root.manager.disable
         self.patched = _patched_attributes()
+        self.children = set(multiprocessing.active_children())
 
     def restore(self, added_handlers=()):
+        _end_daemonic_children(self.children)
         sys.argv[:], sys.stdin, sys.excepthook = self.argv, self.stdin, self.excepthook
         os.chdir(self.cwd)
         os.environ.clear()
@@ -137,6 +144,16 @@ class _ProcessState:
 
 
 _MISSING = object()
+
+
+def _end_daemonic_children(before):
+    """What a process's exit does to its daemonic children (``multiprocessing.util._exit_function``),
+    for those started since ``before``: terminated, then joined."""
+    started = [p for p in multiprocessing.active_children() if p not in before and p.daemon]
+    for p in started:
+        p.terminate()
+    for p in started:
+        p.join()
 
 
 def _patched_attributes():
