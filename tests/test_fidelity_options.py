@@ -9,7 +9,6 @@ from cli_helpers import TINY_FLAGS
 from conftest import USER_DIR, batch, build
 from fairseq.modules.layer_drop import LayerDropModuleList
 from inprocess import run_in_process as run  # fairseq's tools in this process (tests/inprocess.py)
-from one_thread import one_torch_thread  # noqa: F401  (autouse: one intra-op thread here)
 from test_incremental_decoding import step_by_step
 
 from realformer_nmt.errors import ConfigError

@@ -35,7 +35,6 @@ from generation_helpers import (
     remove_bpe,
     write_bpe_reversal_corpus,
 )
-from one_thread import one_torch_thread  # noqa: F401  (autouse: one intra-op thread here)
 
 N_TEST = 40  # sentences in the test and the valid split
 MAX_LEN = 12  # a fixed bound on hypothesis length (targets have at most 8 tokens)

@@ -28,7 +28,6 @@ from bert_helpers import WIKITEXT2, prepared_wikitext2  # noqa: E402
 from conftest import MULTI30K, REPO, cli_env, require_shared_data, trains  # noqa: E402
 from fairseq.data.encoders.sentencepiece_bpe import SentencepieceBPE, SentencepieceConfig  # noqa: E402
 from inprocess import run_in_process  # noqa: E402
-from one_thread import one_torch_thread  # noqa: E402,F401  (autouse: one intra-op thread here)
 from test_google_checkpoint import (  # noqa: E402
     VOCAB,
     batch,

@@ -25,7 +25,6 @@ from fairseq.models.fairseq_model import BaseFairseqModel
 from fairseq.optim import FP16Optimizer, MemoryEfficientFP16Optimizer
 from fairseq.trainer import Trainer
 from inprocess import run_in_process
-from one_thread import one_torch_thread  # noqa: F401  (autouse: one intra-op thread here)
 
 from realformer_nmt.errors import ConfigError
 from realformer_nmt.modules import ResidualMultiheadAttention
