@@ -33,6 +33,8 @@ import os
 import sys
 import warnings
 
+from . import deferred_imports
+
 # Nothing of fairseq (nor the plugin, which imports it) is imported before main() has set up
 # fairseq's log format: fairseq_cli's modules set it before their own imports, and one of
 # fairseq's modules sets another one on import.
@@ -274,7 +276,8 @@ def main(argv=None) -> int:
     # fairseq's CLIs' log format (a no-op where logging is set up already, as in a program)
     logging.basicConfig(format=LOG_FORMAT, datefmt=LOG_DATES, level=os.environ.get("LOGLEVEL", "INFO").upper(),
                         stream=sys.stdout)
-    cli_main = fairseq_commands()[command].load()
+    with deferred_imports.deferred():  # fairseq starts without scikit-learn and scipy.stats
+        cli_main = fairseq_commands()[command].load()
     import_user_dir(args)
     from realformer_nmt.errors import FlagValueError, RealFormerError
 
