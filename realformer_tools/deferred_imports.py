@@ -7,9 +7,11 @@ libraries at the top for functions only they call: ``criterions/sentence_predict
 (``f1_score`` and ``matthews_corrcoef`` from ``sklearn.metrics``, ``pearsonr`` and
 ``spearmanr`` from ``scipy.stats``: GLUE's scores) and ``tasks/audio_classification.py``
 (``from sklearn import metrics``). scikit-learn in turn imports scipy, pandas, narwhals and rich:
-together about 0.8 s of the 4 s a launched fairseq command took to start on the 2-core
-development machine (``python -X importtime -m realformer_tools.launch fairseq-train --help``),
-paid by every command, every rank and every decode of the comparison harness.
+with them ``python -m realformer_tools.launch fairseq-generate --help`` took 4.2-4.4 s on the
+2-core development machine, without them 3.0-3.1 s (five runs each, alternating), paid by every
+launched command and every decode of the comparison harness. (Not by the ranks that
+``torch.multiprocessing.spawn`` starts: they import fairseq while unpickling their function,
+before the launcher's code runs.)
 
 :func:`deferred` is the block in which the launcher imports the fairseq command. In it
 ``sklearn``, ``sklearn.metrics`` and ``scipy.stats`` are stand-ins in ``sys.modules``: the
@@ -18,8 +20,11 @@ and the ``metrics`` module it binds imports scikit-learn when an attribute is lo
 the block the stand-ins leave ``sys.modules``: a later ``import sklearn`` or ``scipy.stats`` (a
 user's ``--user-dir`` module, say) imports the real one. The block does nothing where one of them
 or fairseq is imported already (a program that calls the launcher's ``main``); the libraries
-compute every score. When fairseq no longer imports them at start-up, the block has nothing to
-defer and can go.
+compute every score. What differs: the first call pays the import (the first validation of a
+``sentence_prediction`` run with ``--report-mcc`` and friends logs a lower ``wps``), and the
+functions fairseq bound stay stand-ins for the life of the process (``pickle`` refuses them as
+not scikit-learn's own object; fairseq never pickles them). When fairseq no longer imports
+these libraries at start-up, the block has nothing to defer and can go.
 """
 
 import contextlib
