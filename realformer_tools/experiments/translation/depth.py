@@ -11,7 +11,7 @@ from .figures import COLORS, curve_with_band, pyplot
 from .recipe import DEPTH_BACKBONES, corpus_info, test_references
 from .report import SEED_PAIRED_NOTE, fmt, outcome_table, recipe_lines, spread_word, write_outputs
 from .runs import check_backbones, join_notes, machine_description, parallel_note, recipe_record, train_all
-from .stats import add_seed_paired, best_loss_per_seed, outcome_entry, outcome_rule
+from .stats import add_seed_paired, best_loss_per_seed, outcome_entry, outcome_rule, reference_record
 
 DEPTH_REFERENCE = "the lowest best valid loss of all runs (every depth and backbone) of the same seed"
 
@@ -50,8 +50,7 @@ def depth_stress(data, out, recipe, depths=(6, 12), backbones=DEPTH_BACKBONES, s
         "title": title or corpus_info(data)["title"],
         "depths": table,
         "backbones": list(backbones),
-        # seeds with no finished run yet (a study still training) have no reference
-        "reference_loss_per_seed": {str(seed): loss for seed, loss in reference.items() if loss is not None},
+        "reference_loss_per_seed": reference_record(reference),
         "rule": outcome_rule(margin, DEPTH_REFERENCE),
         "reference": DEPTH_REFERENCE,
         "margin": margin,

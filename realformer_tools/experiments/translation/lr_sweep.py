@@ -12,7 +12,7 @@ from .figures import pyplot
 from .recipe import BACKBONES, corpus_info, test_references
 from .report import fmt, seconds, seed_paired_cell, write_outputs
 from .runs import check_backbones, join_notes, machine_description, parallel_note, recipe_record, train_all
-from .stats import best_loss_per_seed, classify, outcome_rule, seed_paired
+from .stats import best_loss_per_seed, classify, outcome_rule, reference_record, seed_paired
 
 SWEEP_REFERENCE = "the lowest best valid loss of the sweep's finished runs (every lr and backbone) of the same seed"
 
@@ -98,7 +98,7 @@ def lr_sweep(data, out, recipe, lrs, backbones=BACKBONES, seeds=(1,), residual_m
         "normal_lr": normal_lr,
         "divergence_rule": outcome_rule(margin, sweep_reference(normal_lr)),
         "reference": sweep_reference(normal_lr),
-        "reference_loss_per_seed": {str(seed): loss for seed, loss in reference.items()},
+        "reference_loss_per_seed": reference_record(reference),
         "margin": margin,
         "recipe": recipe_record(recipe, data, references, backbones, residual_mode, seeds),
         "sacrebleu_signature": " / ".join(sorted(signatures)) or None,

@@ -26,7 +26,14 @@ from .pairs import add_pairs
 from .recipe import ABLATION, MAIN_ORDER
 from .report import write_outputs
 from .stability import add_corrected, best_rates, plot_stability, stability_markdown
-from .stats import PAIRED_TEST_NOTE, add_seed_paired, add_test_set_paired, outcome_rule, test_set_means
+from .stats import (
+    PAIRED_TEST_NOTE,
+    add_seed_paired,
+    add_test_set_paired,
+    outcome_rule,
+    reference_record,
+    test_set_means,
+)
 from .summary import kind, write_summary
 
 RENAMED = {"stalled": "lagging"}  # the depth and lr studies' old word for it
@@ -82,7 +89,7 @@ def upgrade(summary):
         reference = classify_sweep(summary["runs"], summary["margin"])  # the one rule of every study
         summary["divergence_rule"] = outcome_rule(summary["margin"], sweep_reference(summary["normal_lr"]))
         summary["reference"] = sweep_reference(summary["normal_lr"])
-        summary["reference_loss_per_seed"] = {str(seed): loss for seed, loss in reference.items()}
+        summary["reference_loss_per_seed"] = reference_record(reference)
         summary.update(sweep_seed_paired(summary["runs"]))
     elif k == "stability":
         for row in summary["grid"].values():

@@ -30,7 +30,15 @@ from .runs import (
     recipe_record,
     train_all,
 )
-from .stats import add_seed_paired, best_loss_per_seed, outcome_entry, outcome_rule, over_seeds, seed_paired
+from .stats import (
+    add_seed_paired,
+    best_loss_per_seed,
+    outcome_entry,
+    outcome_rule,
+    over_seeds,
+    reference_record,
+    seed_paired,
+)
 
 STABILITY_BACKBONES = ("postln", "realformer", "realformer_mean", "preln", "realformer_preln")
 STABILITY_LRS = (1e-3, 5e-4, 2.5e-4)
@@ -98,8 +106,7 @@ def stability_limit(data, out, recipe, lrs=STABILITY_LRS, depth=12, backbones=ST
         "lrs": lrs,
         "backbones": list(backbones),
         "grid": grid,
-        # seeds with no finished run yet (a study still training) have no reference
-        "reference_loss_per_seed": {str(seed): loss for seed, loss in reference.items() if loss is not None},
+        "reference_loss_per_seed": reference_record(reference),
         "reference": STABILITY_REFERENCE,
         "rule": outcome_rule(margin, STABILITY_REFERENCE),
         "margin": margin,

@@ -269,6 +269,13 @@ def best_loss_per_seed(results, seeds):
     return reference
 
 
+def reference_record(reference):
+    """``best_loss_per_seed``'s reference as a study's JSON records it (``reference_loss_per_seed``):
+    seeds as strings, and only seeds with a finished run (a study still training has none for the
+    others)."""
+    return {str(seed): loss for seed, loss in reference.items() if loss is not None}
+
+
 def outcome_entry(results, backbone, residual_mode, reference, margin):
     """``summarize_backbone`` with each seed's outcome against ``reference[seed]``."""
     entry = summarize_backbone(results, backbone, residual_mode)
