@@ -397,11 +397,19 @@ def _committed_record(row, backbone, key):
 
         path = {v: k for k, v in PATHS.items()}[row["variant"]]
         return s[path].get(key) if backbone == "realformer" else None
-    if row.get("variant"):  # a comparison's further test set, or the mean over its sets
+    variant = row.get("variant")
+    if row.get("one_column"):  # a value residual backbone minus Pre-LN: "value residual, on test_2016_flickr"
+        from realformer_tools.experiments.translation.summary import VALUE_RESIDUAL
+
+        name, variant = variant.split(", ", 1)
+        if backbone != "realformer_preln":  # the right column; the left one is empty
+            return None
+        backbone = {v: k for k, v in VALUE_RESIDUAL.items()}[name]
+    if variant:  # a comparison's further test set, or the mean over its sets
         entry = s.get(backbone) or {}
-        if row["variant"] == "mean of the test sets":
+        if variant == "mean of the test sets":
             return entry.get(f"{key}_over_test_sets")
-        return (entry.get(f"{key}_by_test_set") or {}).get(row["variant"][len("on "):])
+        return (entry.get(f"{key}_by_test_set") or {}).get(variant[len("on "):])
     return (s.get(backbone) or {}).get(key)
 
 
@@ -560,7 +568,7 @@ def test_summary_has_a_row_per_test_set_and_their_mean(tmp_path):
             "test_2017_mscoco": [None] + [v - 8 + shift for v in e["bleu_per_seed"][1:]]}
     (tmp_path / "multi30k_en_de.json").write_text(json.dumps(s))
     rerender.rerender(str(tmp_path / "multi30k_en_de.json"), plot=False, log=lambda m: None)
-    rows = [r for r in summary.summary_rows(str(tmp_path)) if r["name"] == "multi30k_en_de"]
+    rows = [r for r in summary.summary_rows(str(tmp_path)) if r["name"] == "multi30k_en_de" and not r.get("one_column")]
     assert [r["variant"] for r in rows] == [None, "on test_2017_flickr", "on test_2017_mscoco", "mean of the test sets"]
     flickr, coco, mean = (r["cells"][1] for r in rows[1:])
     headline = [a - b for a, b in zip(s["realformer_preln"]["bleu_per_seed"], s["preln"]["bleu_per_seed"])]
@@ -656,4 +664,26 @@ def test_comparison_figure_pairs_curves_by_seed_and_bands_cover_the_same_seeds(t
     assert "minus the reference's, same seed" in left
     assert {"realformer − Post-LN (5 seeds)", "preln − Post-LN (5 seeds)", "realformer_preln − Pre-LN (10 seeds)"} \
         <= set(left_lines)
-    assert "seeds 1-5 (the seeds every backbone has)" in middle and "corrected for 3 sets" in right
+    assert "seeds 1-5 (the seeds every backbone drawn has)" in middle and "corrected for 3 sets" in right
+
+
+def test_a_later_backbone_joins_the_middle_panel_once_it_has_the_seeds_the_others_share():
+    """A value residual backbone with fewer seeds than the comparison's shared 1-5 is left out of the
+    middle panel (and named as waiting) instead of shrinking every curve to its seeds; with seeds 1-5
+    or more it is drawn over them; a comparison of later backbones only draws them."""
+    from realformer_tools.experiments.translation import compare
+
+    s = json.loads((RESULTS / "multi30k_en_de.json").read_text())
+    main = ["postln", "preln", "realformer", "realformer_preln"]
+    s = {b: {"seeds": s[b]["seeds"]} for b in main}
+    assert compare.middle_panel_backbones(s, main) == (main, [1, 2, 3, 4, 5], [])
+    s["preln_vr"], s["realformer_preln_vr"] = {"seeds": [1, 2]}, {"seeds": [1, 2, 3, 4, 5, 6]}
+    everyone = main + ["preln_vr", "realformer_preln_vr"]
+    assert compare.middle_panel_backbones(s, everyone) == (main + ["realformer_preln_vr"], [1, 2, 3, 4, 5],
+                                                           ["preln_vr"])
+    s["preln_vr"]["seeds"] = [1, 2, 3, 4, 5, 7]
+    assert compare.middle_panel_backbones(s, everyone) == (everyone, [1, 2, 3, 4, 5], [])
+    s["preln_vr"]["seeds"] = [2, 3, 4, 5, 6]  # seed 1 missing: waits
+    assert compare.middle_panel_backbones(s, everyone)[2] == ["preln_vr"]
+    later = {"preln_vr": {"seeds": [1, 2]}, "realformer_preln_vr": {"seeds": [1, 2, 3]}}
+    assert compare.middle_panel_backbones(later, list(later)) == (list(later), [1, 2], [])

@@ -382,6 +382,7 @@ def reproducibility_lines(summary):
 
 QUESTIONS = (("realformer", "postln"), ("realformer_preln", "preln"), ("preln_vr", "preln"),
              ("realformer_preln_vr", "preln"))  # what a comparison answers (where the backbones ran)
+LATER = ("preln_vr", "realformer_preln_vr")  # the value residual study's, added to the comparison later
 PAIRED_CURVES = (("realformer", "postln"), ("preln", "postln"), ("realformer_preln", "preln"), ("preln_vr", "preln"),
                  ("realformer_preln_vr", "preln"))
 
@@ -391,7 +392,8 @@ def plot_comparison(summary, path):
     (RealFormer and Pre-LN minus Post-LN, RealFormer on Pre-LN minus Pre-LN; the mean, and
     the smallest to largest seed's difference), where the backbones' own curves lie on top
     of each other. Middle: the second half of training, each backbone's curve over the seeds
-    every backbone has, so that every band (min-max) covers as many seeds. With several test
+    every backbone drawn has, so that every band (min-max) covers as many seeds (a later
+    study's backbone waits until it has those seeds: ``middle_panel_backbones``). With several test
     sets, right: RealFormer minus Post-LN and RealFormer on Pre-LN minus Pre-LN, same seed, on
     each test set and their mean (``plot_test_sets``)."""
     plt = pyplot()
@@ -422,10 +424,13 @@ def plot_comparison(summary, path):
                  fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    shared = [seed for seed in summary[backbones[0]]["seeds"] if all(seed in summary[b]["seeds"] for b in backbones)]
-    last = max([u for b in backbones for u, _ in summary[b]["curve"]] or [0])
+    drawn, shared, waiting = middle_panel_backbones(summary, backbones)
+    last = max([u for b in drawn for u, _ in summary[b]["curve"]] or [0])
     ax = axes[1]
-    for b in backbones:
+    for b in waiting:
+        ax.plot([], [], color=COLORS[b], label=f"{b}: seeds {_seed_range(summary[b]['seeds'])} so far, "
+                                               f"not drawn until it has seeds {_seed_range(shared)}")
+    for b in drawn:
         s = summary[b]
         points = [p for p in curve_over_seeds(s, shared) if p[0] >= last / 2]
         bleus = [v for seed, v in zip(s["seeds"], s["bleu_per_seed"]) if seed in shared and v is not None]
@@ -443,15 +448,35 @@ def plot_comparison(summary, path):
     ax.set_xlabel("updates")
     ax.set_ylabel("validation loss (label-smoothed, base 2)")
     ax.grid(alpha=0.3)
-    ax.set_title(f"second half, seeds {_seed_range(shared)} (the seeds every backbone has)"
+    ax.set_title(f"second half, seeds {_seed_range(shared)} (the seeds every backbone drawn has)"
                  + ("\n(mean, min-max over those seeds)" if len(shared) > 1 else ""), fontsize=10)
     ax.legend(fontsize=8)
     if sets_panel:
         plot_test_sets(axes[2], summary, names, questions)
-    fig.suptitle(f"{summary['title']}: Post-LN vs Pre-LN vs RealFormer")
+    fig.suptitle(f"{summary['title']}: Post-LN vs Pre-LN vs RealFormer"
+                 + (" vs value residual" if any(b in summary for b in LATER) else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def middle_panel_backbones(summary, backbones):
+    """``(drawn, shared, waiting)``: the backbones the middle panel draws, the seeds every one of
+    them has, and the backbones of a later study (:data:`LATER`) left out while they lack one of
+    the seeds the others share. Without the rule, a later study's first seeds would shrink every
+    backbone's curve to those seeds; a later backbone joins once it has caught up."""
+    def common(names):
+        return [seed for seed in summary[names[0]]["seeds"] if all(seed in summary[b]["seeds"] for b in names)]
+    first = [b for b in backbones if b not in LATER] or backbones
+    shared = common(first)
+    waiting = [b for b in backbones if b not in first and not set(shared) <= set(summary[b]["seeds"])]
+    drawn = [b for b in backbones if b not in waiting]
+    return drawn, common(drawn), waiting
+
+
+def _seeds(record):
+    n = len(record["per_seed"])
+    return f"{n} seed{'s' if n > 1 else ''}"
 
 
 def _seed_range(seeds):
@@ -488,7 +513,7 @@ def plot_test_sets(ax, summary, names, questions):
                 ax.plot([x + 0.06, x + 0.06], corrected, color=color, lw=0.9)
             clear = bool(corrected) and (corrected[0] > 0 or corrected[1] < 0)
             ax.plot([x], [record["mean"]], "D", ms=7, mec=color, mew=1.5, color=color if clear else "white",
-                    label=f"{b} − {NAMES[ref]}" if i == 0 else None)
+                    label=f"{b} − {NAMES[ref]} ({_seeds(record)})" if i == 0 else None)
     ax.axhline(0, color="black", lw=1)
     ax.set_xticks(range(len(columns)))
     ax.set_xticklabels([n.replace("test_", "").replace("_", " ") for n in columns], fontsize=9)
