@@ -687,3 +687,27 @@ def test_a_later_backbone_joins_the_middle_panel_once_it_has_the_seeds_the_other
     assert compare.middle_panel_backbones(s, everyone)[2] == ["preln_vr"]
     later = {"preln_vr": {"seeds": [1, 2]}, "realformer_preln_vr": {"seeds": [1, 2, 3]}}
     assert compare.middle_panel_backbones(later, list(later)) == (list(later), [1, 2], [])
+
+
+def test_a_test_set_cell_is_bold_only_where_its_interval_corrected_for_the_sets_excludes_zero():
+    """results/multi30k_en_de.md, the per-set table: test_2017_flickr's +0.04 to +0.58 excludes zero
+    but, corrected for the pair's three test sets (Bonferroni, from the per-seed differences here),
+    it does not, so the cell prints both and is not bold; the best valid loss, one question, stays
+    bold on its own interval; a pair scored on one set gets no correction."""
+    from scipy.stats import t
+
+    s = json.loads((RESULTS / "multi30k_en_de.json").read_text())
+    record = s["realformer_preln"]["seed_paired_vs_preln_by_test_set"]["test_2017_flickr"]
+    d = record["per_seed"]
+    half = t.ppf(1 - 0.025 / 3, len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
+    low, high = statistics.mean(d) - half, statistics.mean(d) + half
+    assert record["ci95"][0] > 0 and low < 0 < high
+    md = (RESULTS / "multi30k_en_de.md").read_text()
+    section = md[md.index("**Seed-paired differences, test BLEU per test set"):]
+    row = next(line for line in section.splitlines() if line.startswith("| realformer_preln − preln |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    flickr = cells[2]
+    assert f"corrected for 3 sets {low:+.2f} to {high:+.2f}" in flickr and "**" not in flickr, flickr
+    assert cells[-1].count("**") == 2  # the valid loss: -0.035 to -0.016, one question
+    postln = next(line for line in section.splitlines() if line.startswith("| realformer − postln |"))
+    assert "corrected" not in postln  # scored on test2016 only

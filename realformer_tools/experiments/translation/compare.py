@@ -332,14 +332,17 @@ def paired_by_set_lines(summary, backbones):
              "both have" + ("; mean of the test sets: per seed the mean of its differences on the "
                             f"{len(names)} sets, then over the seeds scored on all of them" if over else "")
              + "; a lower valid loss is better; per seed = mean ± sd (95% interval, Student t) with 3 or more "
-             "seeds; bold: the interval excludes zero).", "",
+             "seeds; bold: the interval excludes zero" + ("; on one of several test sets a pair is scored on, the "
+                                                          "interval corrected for their number (Bonferroni), printed "
+                                                          "beside it, decides" if len(names) > 1 else "") + ").", "",
              header, "| --- |" + " --- |" * (max(len(names), 1) + over + 1)]
     for b, ref in pairs:
         s = summary[b]
         if len(names) > 1:
             by_set = dict(s.get(f"seed_paired_vs_{ref}_by_test_set") or {})
             by_set.setdefault(names[0], s.get(f"seed_paired_vs_{ref}"))  # the headline: the table's own record
-            cells = [seed_paired_cell(by_set, n) for n in names]
+            scored = [n for n in names if (by_set.get(n) or {}).get("per_seed")]  # the sets this pair has
+            cells = [seed_paired_cell({n: one_of_sets(by_set.get(n), len(scored))}, n) for n in names]
         else:
             cells = [seed_paired_cell(s, f"seed_paired_vs_{ref}")]
         if over:
@@ -347,6 +350,14 @@ def paired_by_set_lines(summary, backbones):
         cells.append(seed_paired_cell(s, f"seed_paired_valid_loss_vs_{ref}", digits=3))
         lines.append(f"| {b} − {ref} | " + " | ".join(cells) + " |")
     return lines
+
+
+def one_of_sets(record, sets):
+    """A seed-paired record on one of ``sets`` test sets, with its interval corrected for them
+    (``ci95_corrected``, which decides its bold) unless it carries one of a larger family already."""
+    if not record or sets < 2 or record.get("ci95_corrected") or not record.get("ci95"):
+        return record
+    return dict(record, ci95_corrected=corrected_interval(record, sets), corrected_for=sets, corrected_what="sets")
 
 
 def reproducibility_lines(summary):
