@@ -748,7 +748,7 @@ def test_every_study_in_results_md_has_the_same_shape():
     studies = [s for s in re.split(r"\n## ", text)[1:] if "**Question.**" in s]
     names = {s.splitlines()[0] for s in studies}
     assert {"Post-LN vs Pre-LN vs RealFormer on Multi30k En->De", "A second language pair: Multi30k En->Fr",
-            "Depth stress test: narrow deep models (6+6 and 12+12 layers)", "Stability limit at 12+12 layers",
+            "Depth stress test: narrow deep models (6+6 and 12+12 layers)", "Learning-rate limit at 12+12 layers",
             "Which path matters (path ablation), seeds 1-2", "BERT-style encoders on WikiText-2 (masked LM)",
             "Learning-rate sweep, 200 updates (one seed)", "Attention analysis (the paper's Figs 4-8)",
             "Learning-rate limit at 6+6 layers (the paper's Fig. 3)"} <= names
