@@ -506,3 +506,23 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(m30k_slice, uninte
         assert not differing, f"{len(differing)} of {len(whole)} tensors differ, e.g. {differing[:3]}"
     else:  # fairseq alone: other batches from epoch 2 on, other parameters
         assert len(differing) > len(whole) // 2, differing
+
+
+def test_the_machine_field_of_a_report_gives_the_threads_the_runs_recorded_not_the_reporting_command():
+    """A --report-only report trained nothing: its machine field says so and gives the threads each
+    run recorded for its attempts (``machines``), counting the runs that record none; a command that
+    trains describes its own --jobs and threads, as before."""
+    from realformer_tools.experiments.translation.runs import parallel_note
+
+    one = {"machines": [{"cpu": "AMD EPYC", "cpu_capability": "AVX2", "threads": 1}]}
+    two = {"machines": [{"threads": 1}, {"threads": 2}]}  # resumed with other threads
+    old = {"bleu": 30.0}  # imported from a results file written before runs recorded machines
+    note = parallel_note(2, 1, report_only=True, runs=[one, two, old, None])
+    assert note == ("report only: the command that wrote this trained nothing; threads the runs recorded: "
+                    "OMP_NUM_THREADS=1 or 2 (1 of 3 runs record none)")
+    assert "--jobs" not in note
+    assert parallel_note(1, None, report_only=True, runs=[old]).endswith(
+        "the runs record no threads (trained before runs recorded them)")
+    assert parallel_note(2, 1) == "--jobs 2: 2 fairseq trainings at once, OMP_NUM_THREADS=1 each"
+    assert parallel_note(2, 1, runs=[one]) == ("--jobs 2: 2 fairseq trainings at once, OMP_NUM_THREADS=1 each; "
+                                               "threads the runs recorded: OMP_NUM_THREADS=1")

@@ -132,7 +132,9 @@ def compare(data, out, recipe, backbones=BACKBONES, seeds=(1,), residual_mode="s
                                   ("backbone", "seed")),
         sacrebleu_signature=" / ".join(sorted(signatures)) or None,
         paired_test=PAIRED_TEST_NOTE.format(samples=bootstrap_samples),
-        machine=machine_description(join_notes(parallel_note(jobs, threads), machine_note)),
+        machine=machine_description(join_notes(parallel_note(jobs, threads, report_only,
+                                                             [r for rs in results.values() for r in rs]),
+                                               machine_note)),
         out=os.path.abspath(out),
     )
     if len(test_sets) > 1:

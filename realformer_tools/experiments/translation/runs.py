@@ -275,14 +275,30 @@ def done_and_missing(runs, fields):
     return record
 
 
-def parallel_note(jobs, threads):
+def parallel_note(jobs, threads, report_only=False, runs=None):
     """What the machine field says about concurrency and threads (the threads change a run's
-    float rounding, so a rerun is exact only with the same threads on the same kind of CPU)."""
-    threads = fairseq_runs.threads_per_job(threads, jobs)
-    per_run = f"OMP_NUM_THREADS={threads}" if threads else "default threads"
-    if jobs == 1:
-        return f"one run at a time ({per_run})"
-    return f"--jobs {jobs}: {jobs} fairseq trainings at once, {per_run} each"
+    float rounding, so a rerun is exact only with the same threads on the same kind of CPU).
+    ``report_only``: the command trained nothing, so its own ``--jobs``/``--threads`` say
+    nothing about the runs; ``runs`` (finished run records): the threads each run recorded
+    for its attempts (``machines``), which is what trained them."""
+    if report_only:
+        note = "report only: the command that wrote this trained nothing"
+    else:
+        threads = fairseq_runs.threads_per_job(threads, jobs)
+        per_run = f"OMP_NUM_THREADS={threads}" if threads else "default threads"
+        note = (f"one run at a time ({per_run})" if jobs == 1
+                else f"--jobs {jobs}: {jobs} fairseq trainings at once, {per_run} each")
+    if runs is None:
+        return note
+    runs = [r for r in runs if r is not None]
+    recorded = sorted({m["threads"] for r in runs for m in r.get("machines") or [] if m.get("threads")})
+    unrecorded = sum(1 for r in runs if not any(m.get("threads") for m in r.get("machines") or []))
+    if recorded:
+        note += (f"; threads the runs recorded: OMP_NUM_THREADS={' or '.join(map(str, recorded))}"
+                 + (f" ({unrecorded} of {len(runs)} runs record none)" if unrecorded else ""))
+    elif runs:
+        note += "; the runs record no threads (trained before runs recorded them)"
+    return note
 
 
 def read_lines(path):

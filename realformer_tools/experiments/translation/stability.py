@@ -114,7 +114,8 @@ def stability_limit(data, out, recipe, lrs=STABILITY_LRS, depth=12, backbones=ST
         "progress": done_and_missing(runs, ("lr", "backbone", "seed")),
         "recipe": record,
         "sacrebleu_signature": " / ".join(sorted(signatures)) or None,
-        "machine": machine_description(join_notes(parallel_note(jobs, threads), machine_note)),
+        "machine": machine_description(join_notes(parallel_note(jobs, threads, report_only, list(runs.values())),
+                                                  machine_note)),
         "out": os.path.abspath(out),
     }
     results_path = results_path or os.path.join(out, f"stability_depth{depth}.json")
