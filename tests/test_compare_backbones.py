@@ -519,10 +519,12 @@ def test_the_machine_field_of_a_report_gives_the_threads_the_runs_recorded_not_t
     old = {"bleu": 30.0}  # imported from a results file written before runs recorded machines
     note = parallel_note(2, 1, report_only=True, runs=[one, two, old, None])
     assert note == ("report only: the command that wrote this trained nothing; threads the runs recorded: "
-                    "OMP_NUM_THREADS=1 or 2 (1 of 3 runs record none)")
+                    "OMP_NUM_THREADS=1 or 2 (1 of 3 runs record none: taken from a results file, which keeps no "
+                    "threads per run, or trained before runs recorded them)")
     assert "--jobs" not in note
     assert parallel_note(1, None, report_only=True, runs=[old]).endswith(
-        "the runs record no threads (trained before runs recorded them)")
+        "the runs record no threads (taken from a results file, which keeps no threads per run, or trained "
+        "before runs recorded them)")
     assert parallel_note(2, 1) == "--jobs 2: 2 fairseq trainings at once, OMP_NUM_THREADS=1 each"
     assert parallel_note(2, 1, runs=[one]) == ("--jobs 2: 2 fairseq trainings at once, OMP_NUM_THREADS=1 each; "
                                                "threads the runs recorded: OMP_NUM_THREADS=1")

@@ -711,3 +711,38 @@ def test_a_test_set_cell_is_bold_only_where_its_interval_corrected_for_the_sets_
     assert cells[-1].count("**") == 2  # the valid loss: -0.035 to -0.016, one question
     postln = next(line for line in section.splitlines() if line.startswith("| realformer − postln |"))
     assert "corrected" not in postln  # scored on test2016 only
+
+
+def test_the_test_set_panel_decides_a_value_residual_pair_by_its_family_correction():
+    """A value residual pair carries its own correction (15 comparisons per set, 5 over the sets):
+    an interval that excludes zero at 95% and after a correction for 3 sets, but not after the
+    family's, is drawn hollow, on each set and over the sets; a pair without one keeps the
+    correction for the number of sets."""
+    from realformer_tools.experiments.translation import compare
+    from realformer_tools.experiments.translation.intervals import corrected_interval
+
+    per_seed = [0.2, 0.9, 0.5, 1.3, 0.8]  # lower ends: 95% +0.22, for 3 +0.003, for 5 -0.12, for 15 -0.42
+
+    def record(family=None):
+        mean, sd = statistics.mean(per_seed), statistics.stdev(per_seed)
+        r = dict(seeds=[1, 2, 3, 4, 5], per_seed=per_seed, mean=mean, sd=sd, ci95=corrected_interval(
+            {"per_seed": per_seed}, 1))
+        if family:
+            r.update(ci95_corrected=corrected_interval(r, family), corrected_for=family, corrected_what="comparisons")
+        return r
+
+    sets = ["test_2016_flickr", "test_2017_flickr", "test_2017_mscoco"]
+    assert record()["ci95"][0] > 0 and corrected_interval(record(), 3)[0] > 0 > record(5)["ci95_corrected"][0]
+    summary = {"preln_vr": {"seed_paired_vs_preln_by_test_set": {n: record(15) for n in sets},
+                            "seed_paired_vs_preln_over_test_sets": record(5)},
+               "realformer_preln": {"seed_paired_vs_preln_by_test_set": {n: record() for n in sets},
+                                    "seed_paired_vs_preln_over_test_sets": record()}}
+    plt = compare.pyplot()
+    fig, ax = plt.subplots()
+    compare.plot_test_sets(ax, summary, sets, [("realformer_preln", "preln"), ("preln_vr", "preln")])
+    diamonds = [line for line in ax.get_lines() if line.get_marker() == "D"]
+    filled = [line.get_markerfacecolor() != "white" for line in diamonds]
+    plt.close(fig)
+    # realformer_preln's four (3 sets corrected for 3, the mean uncorrected) filled; preln_vr's four hollow
+    assert filled == [True] * 4 + [False] * 4
+    assert "value residual pairs: for their family (5 and 15)" in ax.get_title()

@@ -441,7 +441,8 @@ def plot_comparison(summary, path):
     last = max([u for b in drawn for u, _ in summary[b]["curve"]] or [0])
     ax = axes[1]
     for b in waiting:
-        ax.plot([], [], color=COLORS[b], label=f"{b}: seeds {_seed_range(summary[b]['seeds'])} so far, "
+        had = summary[b]["seeds"]
+        ax.plot([], [], color=COLORS[b], label=f"{b}: seed{'s' if len(had) > 1 else ''} {_seed_range(had)} so far, "
                                                f"not drawn until it has seeds {_seed_range(shared)}")
     for b in drawn:
         s = summary[b]
@@ -518,11 +519,16 @@ def plot_test_sets(ax, summary, names, questions):
             for mark, keep in (("o", False), ("x", True)):
                 values = [v for seed, v in zip(record["seeds"], record["per_seed"]) if (seed in reruns) == keep]
                 ax.plot([x] * len(values), values, mark, ms=3.5, color=color, alpha=0.5)
+            # the correction that decides: the record's own family (the value residual pairs: 15 per set,
+            # 5 over the sets) where it carries one, else the number of test sets for one of several sets
             one_set = name != "mean of the sets" and family > 1
-            corrected = corrected_interval(record, family) if one_set else record.get("ci95")
+            if record.get("ci95_corrected"):
+                corrected, thin = record["ci95_corrected"], True
+            else:
+                corrected, thin = (corrected_interval(record, family), True) if one_set else (record.get("ci95"), False)
             if record.get("ci95"):
                 ax.plot([x, x], record["ci95"], color=color, lw=2.5)
-            if corrected and one_set:
+            if corrected and thin:
                 ax.plot([x + 0.06, x + 0.06], corrected, color=color, lw=0.9)
             clear = bool(corrected) and (corrected[0] > 0 or corrected[1] < 0)
             ax.plot([x], [record["mean"]], "D", ms=7, mec=color, mew=1.5, color=color if clear else "white",
@@ -531,7 +537,13 @@ def plot_test_sets(ax, summary, names, questions):
     ax.set_xticks(range(len(columns)))
     ax.set_xticklabels([n.replace("test_", "").replace("_", " ") for n in columns], fontsize=9)
     ax.set_ylabel("ΔBLEU, same seed")
-    ax.set_title(f"ΔBLEU per test set, same seed: ◆ mean, thick 95% interval, thin corrected for {len(names)} sets\n"
-                 "(filled: the corrected one excludes 0); dots: seeds, x: rerun seeds", fontsize=9)
+    families = sorted({r["corrected_for"] for b, ref in questions
+                       for r in [summary[b].get(f"seed_paired_vs_{ref}_over_test_sets"),
+                                 *(summary[b].get(f"seed_paired_vs_{ref}_by_test_set") or {}).values()]
+                       if r and r.get("corrected_for")})
+    family_note = (f"; value residual pairs: for their family ({' and '.join(map(str, families))})"
+                   if families else "")
+    ax.set_title(f"ΔBLEU per test set, same seed: ◆ mean, thick 95% interval, thin corrected for {len(names)} sets"
+                 f"{family_note}\n(filled: the corrected one excludes 0); dots: seeds, x: rerun seeds", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)

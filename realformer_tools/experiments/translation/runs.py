@@ -295,9 +295,11 @@ def parallel_note(jobs, threads, report_only=False, runs=None):
     unrecorded = sum(1 for r in runs if not any(m.get("threads") for m in r.get("machines") or []))
     if recorded:
         note += (f"; threads the runs recorded: OMP_NUM_THREADS={' or '.join(map(str, recorded))}"
-                 + (f" ({unrecorded} of {len(runs)} runs record none)" if unrecorded else ""))
+                 + (f" ({unrecorded} of {len(runs)} runs record none: taken from a results file, which keeps no "
+                    "threads per run, or trained before runs recorded them)" if unrecorded else ""))
     elif runs:
-        note += "; the runs record no threads (trained before runs recorded them)"
+        note += ("; the runs record no threads (taken from a results file, which keeps no threads per run, or "
+                 "trained before runs recorded them)")
     return note
 
 
