@@ -635,7 +635,8 @@ def test_comparison_figure_pairs_curves_by_seed_and_bands_cover_the_same_seeds(t
     reference's on the same seed (recomputed here from the per-seed curves), the middle one
     every backbone over the seeds all of them have (seeds 1-5 here: not 5 against 10), and no
     two backbones share a colour."""
-    from realformer_tools.experiments.translation import compare, figures
+    from realformer_tools.experiments.translation import comparison_figure as compare
+    from realformer_tools.experiments.translation import figures
 
     s = json.loads((RESULTS / "multi30k_en_de.json").read_text())
     pre, rfp = s["preln"], s["realformer_preln"]
@@ -671,7 +672,7 @@ def test_a_later_backbone_joins_the_middle_panel_once_it_has_the_seeds_the_other
     """A value residual backbone with fewer seeds than the comparison's shared 1-5 is left out of the
     middle panel (and named as waiting) instead of shrinking every curve to its seeds; with seeds 1-5
     or more it is drawn over them; a comparison of later backbones only draws them."""
-    from realformer_tools.experiments.translation import compare
+    from realformer_tools.experiments.translation import comparison_figure as compare
 
     s = json.loads((RESULTS / "multi30k_en_de.json").read_text())
     main = ["postln", "preln", "realformer", "realformer_preln"]
@@ -718,7 +719,7 @@ def test_the_test_set_panel_decides_a_value_residual_pair_by_its_family_correcti
     an interval that excludes zero at 95% and after a correction for 3 sets, but not after the
     family's, is drawn hollow, on each set and over the sets; a pair without one keeps the
     correction for the number of sets."""
-    from realformer_tools.experiments.translation import compare
+    from realformer_tools.experiments.translation import comparison_figure as compare
     from realformer_tools.experiments.translation.intervals import corrected_interval
 
     per_seed = [0.2, 0.9, 0.5, 1.3, 0.8]  # lower ends: 95% +0.22, for 3 +0.003, for 5 -0.12, for 15 -0.42

@@ -26,3 +26,12 @@ def rerun_seeds(summary, backbones):
     runs = (summary.get("reproducibility") or {}).get("runs") or []
     return sorted({r["seed"] for r in runs if r.get("backbone") in backbones and r.get("committed_in")
                    and r.get("bleu_equal") is False})
+
+
+def one_of_sets(record, sets):
+    """A seed-paired record on one of ``sets`` test sets, with its interval corrected for them
+    (``ci95_corrected``, which decides: bold in a table, filled in a figure) unless it carries one of a
+    family already (the value residual pairs')."""
+    if not record or sets < 2 or record.get("ci95_corrected") or not record.get("ci95"):
+        return record
+    return dict(record, ci95_corrected=corrected_interval(record, sets), corrected_for=sets, corrected_what="sets")

@@ -175,3 +175,11 @@ def not_run_lines(summary):
                                for k, v in m.items()) for m in missing)
     return [f"**Partial results**: {len(missing)} of {len(missing) + len(summary['progress']['done'])} runs not run "
             f"or not finished yet, left out of every number here: {names}.", ""]
+
+
+def test_set_names(summary, backbones):
+    """The test sets the entries were scored on, the headline first (one: the headline only)."""
+    names = [t["name"] for t in summary.get("test_sets") or []]
+    for b in backbones:
+        names += [n for n in summary[b].get("bleu_per_seed_by_test_set") or {} if n not in names]
+    return names

@@ -293,13 +293,12 @@ def parallel_note(jobs, threads, report_only=False, runs=None):
     runs = [r for r in runs if r is not None]
     recorded = sorted({m["threads"] for r in runs for m in r.get("machines") or [] if m.get("threads")})
     unrecorded = sum(1 for r in runs if not any(m.get("threads") for m in r.get("machines") or []))
+    why = "taken from a results file, which keeps no threads per run, or trained before runs recorded them"
     if recorded:
         note += (f"; threads the runs recorded: OMP_NUM_THREADS={' or '.join(map(str, recorded))}"
-                 + (f" ({unrecorded} of {len(runs)} runs record none: taken from a results file, which keeps no "
-                    "threads per run, or trained before runs recorded them)" if unrecorded else ""))
+                 + (f" ({unrecorded} of {len(runs)} runs record none: {why})" if unrecorded else ""))
     elif runs:
-        note += ("; the runs record no threads (taken from a results file, which keeps no threads per run, or "
-                 "trained before runs recorded them)")
+        note += f"; the runs record no threads ({why})"
     return note
 
 
